@@ -1,0 +1,92 @@
+/* fa4 — C ABI for FFI (ctypes, Rust, C inference engines).
+ *
+ * Same calls as the C++ API (fa4.hpp). No exception crosses this boundary: every call returns an
+ * fa4_status; on failure fa4_last_error() gives a message (thread-local, valid until the next fa4 call on
+ * the same thread) that names the argument, what was expected and what was given.
+ *
+ * Tensors are [batch, seqlen, heads, head_dim] with element strides (unit stride on head_dim); the LSE is
+ * [batch, heads, seqlen_q], fp32, natural log. Host-only header: no CUDA header needed. */
+#ifndef FA4_FA4_H
+#define FA4_FA4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define FA4_ABI_VERSION 1
+
+typedef enum fa4_status {
+  FA4_OK = 0,
+  FA4_ERROR_INVALID_ARGUMENT = 1, /* the call is malformed (shapes, strides, pointers, option values) */
+  FA4_ERROR_UNSUPPORTED = 2,      /* well-formed, but no backend of this build can run it */
+  FA4_ERROR_CUDA = 3,             /* the CUDA runtime reported an error */
+  FA4_ERROR_INTERNAL = 4          /* a bug in fa4: please report it with the message */
+} fa4_status;
+
+typedef enum fa4_dtype { FA4_F32 = 0, FA4_F16 = 1, FA4_BF16 = 2, FA4_F64 = 3 } fa4_dtype;
+typedef enum fa4_device { FA4_CPU = 0, FA4_CUDA = 1 } fa4_device;
+typedef enum fa4_pass { FA4_FORWARD = 0, FA4_BACKWARD = 1 } fa4_pass;
+
+/* rank 4 for q/k/v/out/dout/dq/dk/dv ([b, s, h, d]); rank 3 for the LSE ([b, h, s_q]). */
+typedef struct fa4_tensor {
+  void* data;
+  int32_t dtype;  /* fa4_dtype */
+  int32_t device; /* fa4_device */
+  int32_t device_index;
+  int32_t rank;
+  int64_t shape[4];
+  int64_t stride[4]; /* in elements */
+} fa4_tensor;
+
+typedef struct fa4_options {
+  uint32_t struct_size;      /* sizeof(fa4_options): set by fa4_options_init; lets fields be appended */
+  int32_t has_softmax_scale; /* 0: 1/sqrt(head_dim) */
+  float softmax_scale;
+  int32_t causal;            /* bottom-right aligned: row i sees keys j <= i + seqlen_k - seqlen_q */
+  int64_t window_left;       /* -1: unbounded */
+  int64_t window_right;      /* -1: unbounded */
+  float softcap;             /* 0: off; else s <- softcap * tanh(s * scale / softcap) */
+  float exp2_emulated_fraction; /* 0: hardware exp2 only; k/16 (k = 1..16): that share on the FMA pipe */
+  float rescale_threshold;   /* tau, log2 units, in [0, 15]: keep a stale row max until it grows by more */
+  int32_t deterministic;     /* bitwise identical results over repeated runs (backward) */
+} fa4_options;
+
+/* FlashAttention's defaults: scale 1/sqrt(d), no mask, hardware exp2, tau = 8, non-deterministic. */
+void fa4_options_init(fa4_options* options);
+
+/* A contiguous [d0, d1, d2, d3] (or rank-3) tensor descriptor. */
+fa4_tensor fa4_tensor_contiguous(void* data, fa4_dtype dtype, fa4_device device, int32_t rank, const int64_t* shape);
+
+const char* fa4_version(void);
+const char* fa4_last_error(void);
+const char* fa4_status_string(fa4_status status);
+
+/* out = softmax(q k^T) v; lse may be NULL. Asynchronous on `stream` for CUDA tensors; stream must be NULL
+ * for CPU tensors. */
+fa4_status fa4_forward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v, const fa4_tensor* out,
+                       const fa4_tensor* lse, const fa4_options* options, void* workspace, size_t workspace_bytes,
+                       void* stream);
+
+/* dq, dk, dv from q, k, v, out, dout and the forward's lse. */
+fa4_status fa4_backward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v, const fa4_tensor* out,
+                        const fa4_tensor* dout, const fa4_tensor* lse, const fa4_tensor* dq, const fa4_tensor* dk,
+                        const fa4_tensor* dv, const fa4_options* options, void* workspace, size_t workspace_bytes,
+                        void* stream);
+
+/* Bytes of workspace the pass needs for these shapes (device memory for CUDA tensors). */
+fa4_status fa4_workspace_size(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
+                              const fa4_options* options, size_t* bytes);
+
+/* FA4_OK when the pass can run on these inputs; otherwise the status the call would return, with the reason
+ * written to `reason` (NUL-terminated, truncated to reason_bytes) and to fa4_last_error(). Never launches. */
+fa4_status fa4_supports(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
+                        const fa4_options* options, char* reason, size_t reason_bytes);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* FA4_FA4_H */

@@ -1,0 +1,96 @@
+// fa4 — C++ API. Host-only header (no CUDA header needed).
+//
+// Layout: q, k, v, out, dout, dq, dk, dv are [batch, seqlen, heads, head_dim] with element strides; head_dim
+// must have unit stride, every other stride is free (so [b, h, s, d] storage works through strides, and a
+// stride of 0 broadcasts an input). lse is [batch, heads, seqlen_q], fp32, natural log.
+// Errors are thrown as fa4::Error (code() says which class); every message names the argument, what was
+// expected and what was given.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+namespace fa4 {
+
+enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2, f64 = 3 };
+enum class Device : int32_t { cpu = 0, cuda = 1 };
+enum class Pass : int32_t { forward = 0, backward = 1 };
+enum class Status : int32_t { ok = 0, invalid_argument = 1, unsupported = 2, cuda_error = 3, internal = 4 };
+
+const char* to_string(DType dtype);
+const char* to_string(Device device);
+const char* to_string(Pass pass);
+const char* to_string(Status status);
+std::size_t element_size(DType dtype);
+
+// The stream type of the CUDA runtime, declared without including it (cudaStream_t is CUstream_st*).
+using Stream = struct CUstream_st*;
+
+struct Tensor {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  int device_index = 0;
+  int rank = 4;
+  std::array<int64_t, 4> shape{};
+  std::array<int64_t, 4> stride{};  // elements
+
+  // Row-major (contiguous) strides for the given shape.
+  static Tensor contiguous(void* data, DType dtype, Device device, std::array<int64_t, 4> shape);
+  static Tensor contiguous3(void* data, DType dtype, Device device, std::array<int64_t, 3> shape);
+  int64_t numel() const;
+};
+
+struct Options {
+  std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
+  bool causal = false;                 // bottom-right aligned
+  int64_t window_left = -1;            // -1: unbounded
+  int64_t window_right = -1;           // -1: unbounded
+  float softcap = 0.0f;                // 0: off
+  float exp2_emulated_fraction = 0.0f; // 0 = hardware exp2; k/16 of the elements on the FMA pipe
+  float rescale_threshold = 8.0f;      // tau (log2 units), in [0, 15]
+  bool deterministic = false;
+};
+
+class Error : public std::runtime_error {
+ public:
+  Error(Status code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  Status code() const noexcept { return code_; }
+
+ private:
+  Status code_;
+};
+
+struct Support {
+  bool ok = false;
+  Status code = Status::ok;
+  std::string reason;  // empty when ok
+};
+
+struct Workspace {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+
+// out = softmax(scale * q k^T [masked, capped]) v, and lse when given.
+void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
+             const Options& options = {}, Workspace workspace = {}, Stream stream = nullptr);
+
+// dq, dk, dv. lse is the forward's.
+void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+              const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Options& options = {},
+              Workspace workspace = {}, Stream stream = nullptr);
+
+std::size_t workspace_size(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options = {});
+
+// Whether the pass can run on inputs shaped like these, and if not why. Never launches, never throws for
+// bad input (the reason says what is wrong).
+Support supports(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options = {});
+
+const char* version();
+
+}  // namespace fa4

@@ -1,0 +1,158 @@
+// The C ABI: converts descriptors, calls the C++ API, and turns every exception into a status plus a
+// thread-local message. Nothing throws across this boundary.
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "fa4/fa4.h"
+#include "fa4/fa4.hpp"
+
+namespace {
+
+thread_local std::string g_last_error;
+
+fa4::Tensor to_cpp(const fa4_tensor* t, const char* arg) {
+  if (t == nullptr) throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg + "': expected a tensor descriptor, got NULL");
+  fa4::Tensor r;
+  r.data = t->data;
+  r.dtype = static_cast<fa4::DType>(t->dtype);
+  r.device = static_cast<fa4::Device>(t->device);
+  r.device_index = t->device_index;
+  r.rank = t->rank;
+  if (t->rank < 0 || t->rank > 4)
+    throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg + "': expected rank 3 or 4, got rank " + std::to_string(t->rank));
+  for (int i = 0; i < 4; ++i) {
+    r.shape[i] = i < t->rank ? t->shape[i] : 1;
+    r.stride[i] = i < t->rank ? t->stride[i] : 1;
+  }
+  return r;
+}
+
+fa4::Options to_cpp(const fa4_options* o) {
+  fa4::Options r;
+  if (o == nullptr) return r;
+  if (o->struct_size < sizeof(fa4_options))
+    throw fa4::Error(fa4::Status::invalid_argument,
+                     "fa4: argument 'options': expected struct_size >= " + std::to_string(sizeof(fa4_options)) +
+                         " (call fa4_options_init), got " + std::to_string(o->struct_size));
+  if (o->has_softmax_scale) r.softmax_scale = o->softmax_scale;
+  r.causal = o->causal != 0;
+  r.window_left = o->window_left;
+  r.window_right = o->window_right;
+  r.softcap = o->softcap;
+  r.exp2_emulated_fraction = o->exp2_emulated_fraction;
+  r.rescale_threshold = o->rescale_threshold;
+  r.deterministic = o->deterministic != 0;
+  return r;
+}
+
+template <class F>
+fa4_status guarded(F&& f) {
+  try {
+    f();
+    g_last_error.clear();
+    return FA4_OK;
+  } catch (const fa4::Error& e) {
+    g_last_error = e.what();
+    return static_cast<fa4_status>(e.code());
+  } catch (const std::bad_alloc&) {
+    g_last_error = "fa4: out of host memory";
+    return FA4_ERROR_INTERNAL;
+  } catch (const std::exception& e) {
+    g_last_error = std::string("fa4: internal error: ") + e.what();
+    return FA4_ERROR_INTERNAL;
+  } catch (...) {
+    g_last_error = "fa4: internal error: unknown exception";
+    return FA4_ERROR_INTERNAL;
+  }
+}
+
+fa4::Pass to_pass(fa4_pass pass) {
+  if (pass != FA4_FORWARD && pass != FA4_BACKWARD)
+    throw fa4::Error(fa4::Status::invalid_argument, "fa4: argument 'pass': expected FA4_FORWARD or FA4_BACKWARD, got " + std::to_string(static_cast<int>(pass)));
+  return static_cast<fa4::Pass>(pass);
+}
+
+}  // namespace
+
+extern "C" {
+
+void fa4_options_init(fa4_options* o) {
+  if (o == nullptr) return;
+  std::memset(o, 0, sizeof(*o));
+  const fa4::Options d;
+  o->struct_size = sizeof(fa4_options);
+  o->window_left = d.window_left;
+  o->window_right = d.window_right;
+  o->softcap = d.softcap;
+  o->exp2_emulated_fraction = d.exp2_emulated_fraction;
+  o->rescale_threshold = d.rescale_threshold;
+}
+
+fa4_tensor fa4_tensor_contiguous(void* data, fa4_dtype dtype, fa4_device device, int32_t rank, const int64_t* shape) {
+  fa4_tensor t{};
+  t.data = data;
+  t.dtype = dtype;
+  t.device = device;
+  t.rank = rank;
+  if (shape == nullptr || rank < 1 || rank > 4) {
+    t.rank = -1;  // refused by every call, with a message naming the argument
+    return t;
+  }
+  int64_t s = 1;
+  for (int i = rank - 1; i >= 0; --i) {
+    t.shape[i] = shape[i];
+    t.stride[i] = s;
+    s *= shape[i];
+  }
+  return t;
+}
+
+const char* fa4_version(void) { return fa4::version(); }
+const char* fa4_last_error(void) { return g_last_error.c_str(); }
+const char* fa4_status_string(fa4_status status) { return fa4::to_string(static_cast<fa4::Status>(status)); }
+
+fa4_status fa4_forward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v, const fa4_tensor* out,
+                       const fa4_tensor* lse, const fa4_options* options, void* workspace, size_t workspace_bytes,
+                       void* stream) {
+  return guarded([&] {
+    const fa4::Tensor lse_t = lse ? to_cpp(lse, "lse") : fa4::Tensor{};
+    fa4::forward(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), lse ? &lse_t : nullptr,
+                 to_cpp(options), {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
+  });
+}
+
+fa4_status fa4_backward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v, const fa4_tensor* out,
+                        const fa4_tensor* dout, const fa4_tensor* lse, const fa4_tensor* dq, const fa4_tensor* dk,
+                        const fa4_tensor* dv, const fa4_options* options, void* workspace, size_t workspace_bytes,
+                        void* stream) {
+  return guarded([&] {
+    fa4::backward(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), to_cpp(dout, "dout"),
+                  to_cpp(lse, "lse"), to_cpp(dq, "dq"), to_cpp(dk, "dk"), to_cpp(dv, "dv"), to_cpp(options),
+                  {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
+  });
+}
+
+fa4_status fa4_workspace_size(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
+                              const fa4_options* options, size_t* bytes) {
+  return guarded([&] {
+    if (bytes == nullptr) throw fa4::Error(fa4::Status::invalid_argument, "fa4_workspace_size: argument 'bytes': expected a pointer, got NULL");
+    *bytes = fa4::workspace_size(to_pass(pass), to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(options));
+  });
+}
+
+fa4_status fa4_supports(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
+                        const fa4_options* options, char* reason, size_t reason_bytes) {
+  fa4::Support s;
+  const fa4_status status = guarded([&] {
+    s = fa4::supports(to_pass(pass), to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(options));
+    if (!s.ok) throw fa4::Error(s.code, s.reason);
+  });
+  if (reason != nullptr && reason_bytes > 0) {
+    std::strncpy(reason, g_last_error.c_str(), reason_bytes - 1);
+    reason[reason_bytes - 1] = '\0';
+  }
+  return status;
+}
+
+}  // extern "C"

@@ -1,0 +1,31 @@
+// What validation hands to a backend: sizes, the resolved options and the numerics policy. Everything here
+// has been checked (api/validate.cpp); backends trust it.
+#pragma once
+
+#include <cstdint>
+
+#include "fa4/fa4.hpp"
+#include "numerics/mask.hpp"
+
+namespace fa4::detail {
+
+struct Problem {
+  int64_t batch = 0;
+  int64_t seqlen_q = 0;
+  int64_t seqlen_k = 0;
+  int64_t heads_q = 0;
+  int64_t heads_kv = 0;
+  int64_t head_dim = 0;
+  DType dtype = DType::f32;
+  Device device = Device::cpu;
+  float scale = 0.0f;  // resolved: the default is 1/sqrt(head_dim)
+  float softcap = 0.0f;
+  num::Mask mask;
+  float rescale_threshold = 8.0f;
+  int exp2_emulated_per16 = 0;
+  bool deterministic = false;
+
+  int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
+};
+
+}  // namespace fa4::detail

@@ -1,0 +1,22 @@
+// The one validation layer. Every check throws fa4::Error naming the argument, what was expected and what
+// was given; what passes is a Problem the backends can trust.
+#pragma once
+
+#include <cstddef>
+
+#include "api/problem.hpp"
+#include "fa4/fa4.hpp"
+
+namespace fa4::detail {
+
+// The inputs and options alone (what `supports` and `workspace_size` see).
+Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options);
+
+Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
+                         const Options& options, Workspace workspace, Stream stream);
+
+Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                          const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                          const Options& options, Workspace workspace, Stream stream);
+
+}  // namespace fa4::detail

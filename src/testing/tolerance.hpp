@@ -1,0 +1,51 @@
+// FlashAttention's tolerance rule (DESIGN.md §4, reference/ecosystem.md §4.1), and one self-checking
+// attention case (random inputs, NaN-poisoned outputs, fp64 reference) shared by the tests and `fa4 check`.
+//
+//   max|ours - ref| <= rtol * max|naive_same_precision - ref| + atol,   rtol = 2 (3 with softcap)
+//   atol = 2 * max|round(round(ref + 0.3) - 0.3) - ref| in the output dtype (about one ulp of the values),
+//   plus 3e-4 on gradients with softcap, and on f32 gradients 4 ulp of max|ref| (see run_case).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "fa4/fa4.hpp"
+#include "testing/tensors.hpp"
+
+namespace fa4::testing {
+
+struct Comparison {
+  double max_error = 0;     // max |ours - ref|
+  double baseline = 0;      // max |naive same-precision - ref|
+  double atol = 0;
+  double bound = 0;         // rtol * baseline + atol
+  int64_t mismatched_nonfinite = 0;  // NaN/inf in ours where ref is finite, or vice versa
+  bool pass = false;
+  std::string summary() const;
+};
+
+Comparison compare(const std::vector<double>& ours, const std::vector<double>& ref, const std::vector<double>& naive,
+                   DType dtype, double rtol, double extra_atol);
+
+struct CaseSpec {
+  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 64;
+  DType dtype = DType::f32;
+  Options options;
+  Layout layout = Layout::bshd;
+  bool backward = true;
+  bool broadcast_kv = false;  // K/V heads given as stride-0 views of one head
+  uint64_t seed = 1;
+  std::string name() const;
+};
+
+struct CaseResult {
+  Comparison out, lse, dq, dk, dv;
+  bool pass = false;
+  std::string failure;  // the first failing tensor and its numbers
+};
+
+// Runs the CPU backend through the public API on the case and checks every output against the fp64
+// reference with the rule above.
+CaseResult run_case(const CaseSpec& spec);
+
+}  // namespace fa4::testing

@@ -1,0 +1,110 @@
+// `fa4 bench`: a shape sweep, TFLOP/s table, JSON output (the bench/results schema), progress bar on a tty.
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "fa4/commands.hpp"
+#include "fa4/common.hpp"
+
+namespace fa4::cli {
+namespace {
+
+struct BenchArgs {
+  std::vector<std::string> passes{"fwd", "bwd"};
+  std::vector<std::string> dtypes{"f32", "bf16"};
+  std::vector<int64_t> seqlens{1024, 4096};
+  std::vector<int64_t> head_dims{64, 128};
+  std::vector<std::string> masks{"none"};
+  int64_t batch = 1, heads = 16;
+  int iters = 3;
+  std::string json_path, commit = "unknown";
+};
+
+std::string cpu_model() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown cpu";
+}
+
+void bench(const BenchArgs& a) {
+  using nlohmann::json;
+  json rows = json::array();
+  const int total = static_cast<int>(a.passes.size() * a.dtypes.size() * a.seqlens.size() * a.head_dims.size() * a.masks.size());
+  Progress progress("bench", total);
+  fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11} {:>9}\n", "pass", "dtype", "d", "seqlen", "batch", "heads",
+             "mask", "ms", "TFLOP/s");
+  for (const auto& dt : a.dtypes)
+    for (int64_t d : a.head_dims)
+      for (int64_t s : a.seqlens)
+        for (const auto& mask : a.masks) {
+          const DType dtype = parse_dtype(dt);
+          Options o;
+          o.causal = mask == "causal";
+          const std::array<int64_t, 4> shape{a.batch, s, a.heads, d};
+          auto q = testing::HostTensor::make(dtype, shape), k = testing::HostTensor::make(dtype, shape),
+               v = testing::HostTensor::make(dtype, shape), out = testing::HostTensor::make(dtype, shape),
+               dout = testing::HostTensor::make(dtype, shape), dq = testing::HostTensor::make(dtype, shape),
+               dk = testing::HostTensor::make(dtype, shape), dv = testing::HostTensor::make(dtype, shape);
+          auto lse = testing::HostTensor::make_lse({a.batch, a.heads, s});
+          q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), dout.fill_normal(4);
+          for (const auto& pass_name : a.passes) {
+            const Pass pass = pass_name == "fwd" ? Pass::forward : Pass::backward;
+            progress.step(fmt::format("{} {} d={} s={} {}", pass_name, dt, d, s, mask));
+            auto once = [&] {
+              if (pass == Pass::forward)
+                forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);
+              else
+                backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), o);
+            };
+            forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);  // warm-up, and O/LSE for backward
+            std::vector<double> times;
+            for (int i = 0; i < a.iters; ++i) {
+              const double t0 = now_seconds();
+              once();
+              times.push_back(now_seconds() - t0);
+            }
+            const double sec = median(times);
+            const double tflops = attention_flops(a.batch, a.heads, s, s, d, o, pass) / sec / 1e12;
+            fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11.2f} {:>9.4f}\n", pass_name, dt, d, s, a.batch, a.heads,
+                       mask, sec * 1e3, tflops);
+            std::fflush(stdout);
+            rows.push_back({{"impl", "fa4-cpu"}, {"dtype", dt}, {"d", d}, {"seqlen", s}, {"batch", a.batch},
+                            {"heads", a.heads}, {"causal", o.causal}, {"pass", pass_name}, {"tflops", tflops},
+                            {"ms", sec * 1e3}});
+          }
+        }
+  if (!a.json_path.empty()) {
+    char date[32];
+    const std::time_t now = std::time(nullptr);
+    std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
+    json doc = {{"commit", a.commit}, {"gpu", nullptr}, {"host", fmt::format("{} ({} threads)", cpu_model(), omp_get_max_threads())},
+                {"date", date}, {"rows", rows}};
+    std::ofstream(a.json_path) << doc.dump(2) << "\n";
+    fmt::print("wrote {}\n", a.json_path);
+  }
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "sweep shapes, print TFLOP/s, write JSON");
+  cmd->add_option("--pass", a->passes, "fwd and/or bwd")->check(CLI::IsMember({"fwd", "bwd"}))->capture_default_str();
+  cmd->add_option("--dtype", a->dtypes, "dtypes")->check(CLI::IsMember({"f32", "f16", "bf16"}))->capture_default_str();
+  cmd->add_option("--seqlen", a->seqlens, "sequence lengths")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--head-dim", a->head_dims, "head dims")->check(CLI::Range(1, 256))->capture_default_str();
+  cmd->add_option("--mask", a->masks, "none and/or causal")->check(CLI::IsMember({"none", "causal"}))->capture_default_str();
+  cmd->add_option("--batch", a->batch, "batch")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--heads", a->heads, "heads")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--iters", a->iters, "timed iterations (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--json", a->json_path, "write results to this JSON file");
+  cmd->add_option("--commit", a->commit, "commit id recorded in the JSON");
+  cmd->callback([a] { bench(*a); });
+}
+
+}  // namespace fa4::cli

@@ -1,0 +1,30 @@
+// fa4 — the command-line tool: run, check, bench, info, explain, model.
+#include <cstdio>
+#include <exception>
+
+#include "fa4/commands.hpp"
+#include "fa4/fa4.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"fa4: FlashAttention-4 attention (forward and backward) on the GPU or the CPU"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("fa4 ") + fa4::version());
+  fa4::cli::add_run_command(app);
+  fa4::cli::add_check_command(app);
+  fa4::cli::add_bench_command(app);
+  fa4::cli::add_info_command(app);
+  fa4::cli::add_explain_command(app);
+  fa4::cli::add_model_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const fa4::Error& e) {
+    std::fprintf(stderr, "fa4: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "fa4: error: %s\n", e.what());
+    return 3;
+  }
+  return fa4::cli::exit_code();
+}
