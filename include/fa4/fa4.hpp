@@ -3,6 +3,8 @@
 // Layout: q, k, v, out, dout, dq, dk, dv are [batch, seqlen, heads, head_dim] with element strides; head_dim
 // must have unit stride, every other stride is free (so [b, h, s, d] storage works through strides, and a
 // stride of 0 broadcasts an input). lse is [batch, heads, seqlen_q], fp32, natural log.
+// Inputs may share memory with each other (packed QKV); each output must not overlap itself, and the memory
+// range it spans (lowest to highest element) must be disjoint from every other argument's range.
 // Errors are thrown as fa4::Error (code() says which class); every message names the argument, what was
 // expected and what was given.
 #pragma once

@@ -222,7 +222,7 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
                                                        {"lse", &lse}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
   for (const auto& o : outputs)
     for (const auto& a : all)
-      if (a.second != o.second) check_disjoint(call, o.first, *o.second, a.first, *a.second);
+      if (std::string(a.first) != o.first) check_disjoint(call, o.first, *o.second, a.first, *a.second);
   check_workspace(call, p, Pass::backward, workspace, stream);
   return p;
 }

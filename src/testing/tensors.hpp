@@ -16,6 +16,11 @@ enum class Layout { bshd, bhsd };
 class HostTensor {
  public:
   HostTensor() = default;
+  // Move-only: the descriptor points into the owned buffer (a moved vector keeps its storage).
+  HostTensor(HostTensor&&) = default;
+  HostTensor& operator=(HostTensor&&) = default;
+  HostTensor(const HostTensor&) = delete;
+  HostTensor& operator=(const HostTensor&) = delete;
   static HostTensor make(DType dtype, std::array<int64_t, 4> shape, Layout layout = Layout::bshd);
   static HostTensor make_lse(std::array<int64_t, 3> shape);  // [b, h, s_q] fp32
 

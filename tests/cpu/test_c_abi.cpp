@@ -1,0 +1,118 @@
+// The C ABI: statuses, thread-local messages, defaults, and the same results as the C++ API.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <thread>
+
+#include "fa4/fa4.h"
+#include "testing/tensors.hpp"
+
+using fa4::testing::HostTensor;
+
+namespace {
+fa4_tensor to_c(const fa4::Tensor& t) {
+  fa4_tensor c{};
+  c.data = t.data;
+  c.dtype = static_cast<int32_t>(t.dtype);
+  c.device = static_cast<int32_t>(t.device);
+  c.rank = t.rank;
+  for (int i = 0; i < 4; ++i) c.shape[i] = t.shape[i], c.stride[i] = t.stride[i];
+  return c;
+}
+}  // namespace
+
+TEST(CAbi, OptionsInitGivesFlashAttentionDefaults) {
+  fa4_options o;
+  std::memset(&o, 0x7f, sizeof o);
+  fa4_options_init(&o);
+  EXPECT_EQ(o.struct_size, sizeof(fa4_options));
+  EXPECT_EQ(o.has_softmax_scale, 0);
+  EXPECT_EQ(o.causal, 0);
+  EXPECT_EQ(o.window_left, -1);
+  EXPECT_EQ(o.window_right, -1);
+  EXPECT_EQ(o.softcap, 0.0f);
+  EXPECT_EQ(o.rescale_threshold, 8.0f);
+  EXPECT_EQ(o.exp2_emulated_fraction, 0.0f);
+}
+
+TEST(CAbi, ForwardAndBackwardMatchTheCppApi) {
+  auto q = HostTensor::make(fa4::DType::bf16, {2, 37, 4, 64}), k = HostTensor::make(fa4::DType::bf16, {2, 50, 2, 64}),
+       v = HostTensor::make(fa4::DType::bf16, {2, 50, 2, 64}), dout = HostTensor::make(fa4::DType::bf16, {2, 37, 4, 64});
+  q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), dout.fill_normal(4);
+  auto out_c = HostTensor::make(fa4::DType::bf16, {2, 37, 4, 64}), out_cpp = HostTensor::make(fa4::DType::bf16, {2, 37, 4, 64});
+  auto lse_c = HostTensor::make_lse({2, 4, 37}), lse_cpp = HostTensor::make_lse({2, 4, 37});
+  out_c.poison(), lse_c.poison();
+  fa4::Options opts;
+  opts.causal = true;
+  fa4::forward(q.desc(), k.desc(), v.desc(), out_cpp.desc(), &lse_cpp.desc(), opts);
+
+  fa4_options o;
+  fa4_options_init(&o);
+  o.causal = 1;
+  const fa4_tensor cq = to_c(q.desc()), ck = to_c(k.desc()), cv = to_c(v.desc()), co = to_c(out_c.desc()), cl = to_c(lse_c.desc());
+  ASSERT_EQ(fa4_forward(&cq, &ck, &cv, &co, &cl, &o, nullptr, 0, nullptr), FA4_OK) << fa4_last_error();
+  EXPECT_EQ(out_c.values(), out_cpp.values());
+  EXPECT_EQ(lse_c.values(), lse_cpp.values());
+
+  auto dq = HostTensor::make(fa4::DType::bf16, {2, 37, 4, 64}), dk = HostTensor::make(fa4::DType::bf16, {2, 50, 2, 64}),
+       dv = HostTensor::make(fa4::DType::bf16, {2, 50, 2, 64});
+  const fa4_tensor cdo = to_c(dout.desc()), cdq = to_c(dq.desc()), cdk = to_c(dk.desc()), cdv = to_c(dv.desc());
+  ASSERT_EQ(fa4_backward(&cq, &ck, &cv, &co, &cdo, &cl, &cdq, &cdk, &cdv, &o, nullptr, 0, nullptr), FA4_OK) << fa4_last_error();
+  for (double x : dk.values()) ASSERT_TRUE(std::isfinite(x));
+  size_t ws = 123;
+  EXPECT_EQ(fa4_workspace_size(FA4_BACKWARD, &cq, &ck, &cv, &o, &ws), FA4_OK);
+  EXPECT_EQ(ws, 0u);
+}
+
+TEST(CAbi, ErrorsReturnStatusAndNameTheArgument) {
+  auto q = HostTensor::make(fa4::DType::f32, {1, 8, 2, 16});
+  auto out = HostTensor::make(fa4::DType::f32, {1, 8, 2, 16});
+  fa4_tensor cq = to_c(q.desc()), co = to_c(out.desc());
+  fa4_tensor bad = cq;
+  bad.shape[3] = 8;
+  EXPECT_EQ(fa4_forward(&cq, &bad, &cq, &co, nullptr, nullptr, nullptr, 0, nullptr), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("'k'"), std::string::npos) << fa4_last_error();
+  EXPECT_EQ(fa4_forward(&cq, nullptr, &cq, &co, nullptr, nullptr, nullptr, 0, nullptr), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("'k'"), std::string::npos);
+  fa4_options o;
+  fa4_options_init(&o);
+  o.struct_size = 8;
+  EXPECT_EQ(fa4_forward(&cq, &cq, &cq, &co, nullptr, &o, nullptr, 0, nullptr), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("struct_size"), std::string::npos);
+  // Success clears the message.
+  EXPECT_EQ(fa4_forward(&cq, &cq, &cq, &co, nullptr, nullptr, nullptr, 0, nullptr), FA4_OK);
+  EXPECT_STREQ(fa4_last_error(), "");
+  EXPECT_STREQ(fa4_status_string(FA4_ERROR_UNSUPPORTED), "unsupported");
+  const int64_t shape[2] = {1, 2};
+  fa4_tensor wrong = fa4_tensor_contiguous(q.desc().data, FA4_F32, FA4_CPU, 0, shape);
+  EXPECT_EQ(fa4_forward(&wrong, &cq, &cq, &co, nullptr, nullptr, nullptr, 0, nullptr), FA4_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(CAbi, SupportsWritesTheReason) {
+  auto q = HostTensor::make(fa4::DType::f32, {1, 8, 2, 16});
+  fa4_tensor cq = to_c(q.desc());
+  char reason[256];
+  EXPECT_EQ(fa4_supports(FA4_FORWARD, &cq, &cq, &cq, nullptr, reason, sizeof reason), FA4_OK);
+  EXPECT_STREQ(reason, "");
+  cq.device = FA4_CUDA;
+  EXPECT_EQ(fa4_supports(FA4_FORWARD, &cq, &cq, &cq, nullptr, reason, sizeof reason), FA4_ERROR_UNSUPPORTED);
+  EXPECT_NE(std::string(reason).find("cuda"), std::string::npos) << reason;
+  char tiny[8];
+  fa4_supports(FA4_FORWARD, &cq, &cq, &cq, nullptr, tiny, sizeof tiny);
+  EXPECT_EQ(std::strlen(tiny), 7u);  // truncated, NUL-terminated
+  EXPECT_EQ(fa4_supports(static_cast<fa4_pass>(7), &cq, &cq, &cq, nullptr, nullptr, 0), FA4_ERROR_INVALID_ARGUMENT);
+}
+
+TEST(CAbi, LastErrorIsThreadLocal) {
+  auto q = HostTensor::make(fa4::DType::f32, {1, 8, 2, 16});
+  fa4_tensor cq = to_c(q.desc());
+  fa4_tensor bad = cq;
+  bad.rank = 2;
+  EXPECT_NE(fa4_forward(&bad, &cq, &cq, &cq, nullptr, nullptr, nullptr, 0, nullptr), FA4_OK);
+  std::string other;
+  std::thread([&] { other = fa4_last_error(); }).join();
+  EXPECT_EQ(other, "");
+  EXPECT_NE(std::string(fa4_last_error()), "");
+}

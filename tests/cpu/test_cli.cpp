@@ -1,0 +1,94 @@
+// The `fa4` command line: exit codes and messages of each subcommand (runs the built binary).
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;  // stdout and stderr
+};
+
+Result fa4(const std::string& args) {
+  const std::string cmd = std::string(FA4_CLI_PATH) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  Result r{-1, ""};
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+bool has(const Result& r, const char* text) { return r.output.find(text) != std::string::npos; }
+
+}  // namespace
+
+TEST(Cli, RunPrintsACheckedResult) {
+  const Result r = fa4("run -s 200 --heads 2 -d 64 --iters 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "backend   cpu")) << r.output;
+  EXPECT_TRUE(has(r, "TFLOP/s")) << r.output;
+  EXPECT_TRUE(has(r, "check     PASS")) << r.output;
+}
+
+TEST(Cli, RunWithGqaCausalStridedLayout) {
+  const Result r = fa4("run --seqlen-q 77 --seqlen-k 130 --heads 4 --heads-kv 2 --causal --layout bhsd --dtype f16 --iters 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "PASS")) << r.output;
+}
+
+TEST(Cli, BadOptionValueExitsNonZeroNamingIt) {
+  const Result r = fa4("run --dtype f32 --emulated-fraction 0.25 -s 16 --iters 1");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(has(r, "options.exp2_emulated_fraction")) << r.output;
+  const Result w = fa4("run --window -5 0 -s 16");
+  EXPECT_EQ(w.code, 2) << w.output;
+  EXPECT_TRUE(has(w, "options.window_left")) << w.output;
+  const Result parse = fa4("run --dtype f8");
+  EXPECT_NE(parse.code, 0);
+  EXPECT_TRUE(has(parse, "--dtype")) << parse.output;
+  const Result none = fa4("");
+  EXPECT_NE(none.code, 0);
+}
+
+TEST(Cli, CudaBackendIsRefusedClearly) {
+  const Result r = fa4("run --backend cuda -s 16");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(has(r, "cuda")) << r.output;
+}
+
+TEST(Cli, CheckQuickPasses) {
+  const Result r = fa4("check --quick");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "passed")) << r.output;
+  EXPECT_FALSE(has(r, "FAIL")) << r.output;
+}
+
+TEST(Cli, BenchWritesJson) {
+  const std::string path = ::testing::TempDir() + "fa4_bench_test.json";
+  const Result r = fa4("bench --seqlen 64 --head-dim 32 --heads 2 --dtype bf16 --iters 1 --commit abc --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto doc = nlohmann::json::parse(std::ifstream(path));
+  EXPECT_EQ(doc["commit"], "abc");
+  ASSERT_EQ(doc["rows"].size(), 2u);  // fwd and bwd
+  EXPECT_GT(doc["rows"][0]["tflops"].get<double>(), 0.0);
+  EXPECT_EQ(doc["rows"][1]["pass"], "bwd");
+}
+
+TEST(Cli, InfoAndExplain) {
+  const Result i = fa4("info");
+  EXPECT_EQ(i.code, 0);
+  EXPECT_TRUE(has(i, "fa4 0.")) << i.output;
+  const Result e = fa4("explain");
+  EXPECT_EQ(e.code, 0) << e.output;
+  EXPECT_TRUE(has(e, "RESCALE")) << e.output;
+  EXPECT_TRUE(has(e, "keep the stale m")) << e.output;
+  EXPECT_TRUE(has(e, "equal up to fp32 rounding")) << e.output;
+}
