@@ -15,12 +15,11 @@
 
 namespace fa4::num {
 
-inline constexpr float kExp2Poly3[4] = {
-    1.0f,                                // 0x3F800000
-    0.695146143436431884765625f,         // 0x3F31F519
-    0.227564394474029541015625f,         // 0x3E6906A4
-    0.077119089663028717041015625f,      // 0x3D9DF09D
-};
+// Scalars, not an array: a constexpr array indexed in device code would need a __device__ copy.
+inline constexpr float kExp2C0 = 1.0f;                            // 0x3F800000
+inline constexpr float kExp2C1 = 0.695146143436431884765625f;     // 0x3F31F519
+inline constexpr float kExp2C2 = 0.227564394474029541015625f;     // 0x3E6906A4
+inline constexpr float kExp2C3 = 0.077119089663028717041015625f;  // 0x3D9DF09D
 
 // Valid for x in [-126, 127); x < -126 (below the smallest normal result) gives +0, as the GPU's
 // flush-to-zero does; NaN propagates. Branch-free (selects only) so that CPU loops over it vectorise.
@@ -28,9 +27,9 @@ FA4_HD float exp2_emulated(float x) {
   const float xc = x < -127.0f ? -127.0f : x;  // keeps the exponent arithmetic in range; result zeroed below
   const float n = floorf(xc);
   const float f = xc - n;  // exact: f keeps the low bits of x
-  float p = fmaf(kExp2Poly3[3], f, kExp2Poly3[2]);
-  p = fmaf(p, f, kExp2Poly3[1]);
-  p = fmaf(p, f, kExp2Poly3[0]);  // p in [1, 2): biased exponent 127
+  float p = fmaf(kExp2C3, f, kExp2C2);
+  p = fmaf(p, f, kExp2C1);
+  p = fmaf(p, f, kExp2C0);  // p in [1, 2): biased exponent 127
   const float r = bits_as<float>(bits_as<int32_t>(p) + (static_cast<int32_t>(n) << 23));
   return x >= -126.0f ? r : (x != x ? x : 0.0f);
 }

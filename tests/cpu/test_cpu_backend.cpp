@@ -6,6 +6,11 @@
 
 #include "testing/tolerance.hpp"
 
+namespace fa4::testing {
+// gtest prints parameters through this (otherwise as raw bytes).
+void PrintTo(const CaseSpec& c, std::ostream* os) { *os << c.name(); }
+}  // namespace fa4::testing
+
 using fa4::DType;
 using fa4::testing::CaseSpec;
 using fa4::testing::Layout;

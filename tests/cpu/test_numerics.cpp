@@ -17,10 +17,10 @@ uint32_t fbits(float f) { return bits_as<uint32_t>(f); }
 }  // namespace
 
 TEST(Exp2Emulation, CoefficientsAreFa4sPublishedWords) {
-  EXPECT_EQ(fbits(kExp2Poly3[0]), 0x3F800000u);
-  EXPECT_EQ(fbits(kExp2Poly3[1]), 0x3F31F519u);
-  EXPECT_EQ(fbits(kExp2Poly3[2]), 0x3E6906A4u);
-  EXPECT_EQ(fbits(kExp2Poly3[3]), 0x3D9DF09Du);
+  EXPECT_EQ(fbits(kExp2C0), 0x3F800000u);
+  EXPECT_EQ(fbits(kExp2C1), 0x3F31F519u);
+  EXPECT_EQ(fbits(kExp2C2), 0x3E6906A4u);
+  EXPECT_EQ(fbits(kExp2C3), 0x3D9DF09Du);
 }
 
 TEST(Exp2Emulation, RelativeErrorBelow1e4OverDenseSweep) {
