@@ -9,6 +9,7 @@
 
 #include "cpu/backend.hpp"
 #include "cpu/blocks.hpp"
+#include "cpu/packed.hpp"
 #include "cpu/reference.hpp"
 
 namespace fa4::cpu {
@@ -17,11 +18,11 @@ namespace {
 // The per-thread tiles of one q block against one kv block.
 struct BlockTiles {
   int64_t dpad;
-  Scratch q, dout, s, dp, t, row;
+  Scratch q, dout, s, dp, t;
   std::vector<float> lse2, dsum;  // per row: LSE in log2 units, D
   BlockTiles(int64_t dpad_)
       : dpad(dpad_), q(kBlockRows * dpad_), dout(kBlockRows * dpad_), s(kBlockRows * kBlockKeys),
-        dp(kBlockRows * kBlockKeys), t(kBlockRows * kBlockKeys), row(dpad_), lse2(kBlockRows), dsum(kBlockRows) {}
+        dp(kBlockRows * kBlockKeys), t(kBlockRows * kBlockKeys), lse2(kBlockRows), dsum(kBlockRows) {}
 };
 
 // D_i = dO_i . O_i, for every (b, h, i).
@@ -101,6 +102,8 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   const auto st = num::ScoreTransform::make(p.scale, p.softcap);
   const std::vector<float> dsum = row_dots(p, out, dout);
   const int64_t nq = (p.seqlen_q + kBlockRows - 1) / kBlockRows;
+  const PackedBlocks kt_blocks(p, k, BlockLayout::transposed), vt_blocks(p, v, BlockLayout::transposed),
+      k_blocks(p, k, BlockLayout::rows);
 
   // Pass 1: dK, dV.
   std::vector<WorkItem> kv_items;
@@ -119,14 +122,13 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
 #pragma omp parallel
   {
     BlockTiles bt(dpad);
-    Scratch kt(d * kBlockKeys), vt(d * kBlockKeys), pt(kBlockKeys * kBlockRows), dst(kBlockKeys * kBlockRows),
-        dk_acc(kBlockKeys * dpad), dv_acc(kBlockKeys * dpad);
+    Scratch pt(kBlockKeys * kBlockRows), dst(kBlockKeys * kBlockRows), dk_acc(kBlockKeys * dpad), dv_acc(kBlockKeys * dpad);
 #pragma omp for schedule(dynamic, 1)
     for (size_t it = 0; it < kv_items.size(); ++it) {
       const WorkItem& w = kv_items[it];
       const int64_t j0 = w.block * kBlockKeys, nk = std::min<int64_t>(kBlockKeys, p.seqlen_k - j0);
-      load_keys_transposed(k, w.b, w.h, j0, nk, d, bt.row.data(), kt.data());
-      load_keys_transposed(v, w.b, w.h, j0, nk, d, bt.row.data(), vt.data());
+      const float* kt = kt_blocks.block(w.b, w.h, w.block);
+      const float* vt = vt_blocks.block(w.b, w.h, w.block);
       std::fill(dk_acc.data(), dk_acc.data() + kBlockKeys * dpad, 0.0f);
       std::fill(dv_acc.data(), dv_acc.data() + kBlockKeys * dpad, 0.0f);
       for (int64_t h = w.h * p.group(); h < (w.h + 1) * p.group(); ++h) {
@@ -136,7 +138,7 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
           if (!(ks.begin < j0 + nk && ks.end > j0)) continue;
           const int64_t rows = round_up(n, kRowGroup);
           load_query_side(p, q, dout, lse, dsum, w.b, h, i0, n, rows, bt);
-          probabilities_and_grad(p, st, i0, n, rows, j0, kt.data(), vt.data(), bt);
+          probabilities_and_grad(p, st, i0, n, rows, j0, kt, vt, bt);
           transpose_block(bt.s.data(), rows, pt.data());
           transpose_block(bt.dp.data(), rows, dst.data());
           gemm_accumulate(pt.data(), kBlockRows, bt.dout.data(), rows, kBlockKeys, dpad, dv_acc.data());
@@ -155,7 +157,7 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
 #pragma omp parallel
   {
     BlockTiles bt(dpad);
-    Scratch kt(d * kBlockKeys), vt(d * kBlockKeys), krows(kBlockKeys * dpad), dq_acc(kBlockRows * dpad);
+    Scratch dq_acc(kBlockRows * dpad);
 #pragma omp for schedule(dynamic, 1)
     for (size_t it = 0; it < q_items.size(); ++it) {
       const WorkItem& w = q_items[it];
@@ -166,12 +168,9 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
       std::fill(dq_acc.data(), dq_acc.data() + kBlockRows * dpad, 0.0f);
       const KeySpan keys = keys_of_rows(p.mask, i0, i0 + n);
       for (int64_t j0 = first_block_start(keys.begin); j0 < keys.end; j0 += kBlockKeys) {
-        const int64_t nk = std::min<int64_t>(kBlockKeys, p.seqlen_k - j0);
-        load_keys_transposed(k, w.b, hk, j0, nk, d, bt.row.data(), kt.data());
-        load_keys_transposed(v, w.b, hk, j0, nk, d, bt.row.data(), vt.data());
-        load_row_tile(k, w.b, hk, j0, nk, d, dpad, krows.data(), kBlockKeys);
-        probabilities_and_grad(p, st, i0, n, rows, j0, kt.data(), vt.data(), bt);
-        gemm_accumulate(bt.dp.data(), kBlockKeys, krows.data(), kBlockKeys, rows, dpad, dq_acc.data());
+        const int64_t blk = j0 / kBlockKeys;
+        probabilities_and_grad(p, st, i0, n, rows, j0, kt_blocks.block(w.b, hk, blk), vt_blocks.block(w.b, hk, blk), bt);
+        gemm_accumulate(bt.dp.data(), kBlockKeys, k_blocks.block(w.b, hk, blk), kBlockKeys, rows, dpad, dq_acc.data());
       }
       for (int64_t r = 0; r < n; ++r) store_row(dq, w.b, i0 + r, w.h, d, dq_acc.data() + r * dpad);
     }

@@ -4,6 +4,7 @@
 
 #include "cpu/backend.hpp"
 #include "cpu/blocks.hpp"
+#include "cpu/packed.hpp"
 #include "cpu/reference.hpp"
 
 namespace fa4::cpu {
@@ -17,11 +18,11 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   const int64_t d = p.head_dim, dpad = padded_dim(d);
   const auto st = num::ScoreTransform::make(p.scale, p.softcap);
   const std::vector<WorkItem> items = query_block_items(p);
+  const PackedBlocks kt_blocks(p, k, BlockLayout::transposed), v_blocks(p, v, BlockLayout::rows);
 
 #pragma omp parallel
   {
-    Scratch qt(kBlockRows * dpad), kt(d * kBlockKeys), vt(kBlockKeys * dpad), s(kBlockRows * kBlockKeys),
-        o(kBlockRows * dpad), row(dpad);
+    Scratch qt(kBlockRows * dpad), s(kBlockRows * kBlockKeys), o(kBlockRows * dpad);
     std::vector<float> m(kBlockRows), l(kBlockRows);
 
 #pragma omp for schedule(dynamic, 1)
@@ -37,10 +38,8 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
 
       const KeySpan keys = keys_of_rows(p.mask, i0, i0 + n);
       for (int64_t j0 = first_block_start(keys.begin); j0 < keys.end; j0 += kBlockKeys) {
-        const int64_t nk = std::min<int64_t>(kBlockKeys, p.seqlen_k - j0);
-        load_keys_transposed(k, w.b, hk, j0, nk, d, row.data(), kt.data());
-        load_row_tile(v, w.b, hk, j0, nk, d, dpad, vt.data(), kBlockKeys);
-        gemm_rows_by_keys(qt.data(), dpad, kt.data(), d, rows, s.data());
+        const int64_t blk = j0 / kBlockKeys;
+        gemm_rows_by_keys(qt.data(), dpad, kt_blocks.block(w.b, hk, blk), d, rows, s.data());
 
         const bool all_visible = block_fully_visible(p, i0, i0 + n, j0);
         for (int64_t r = 0; r < rows; ++r) {
@@ -55,7 +54,7 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
           m[r] = u.m;
           l[r] += exp2_block(x, num::safe_max(u.m), j0, p.exp2_emulated_per16);
         }
-        gemm_accumulate(s.data(), kBlockKeys, vt.data(), kBlockKeys, rows, dpad, o.data());
+        gemm_accumulate(s.data(), kBlockKeys, v_blocks.block(w.b, hk, blk), kBlockKeys, rows, dpad, o.data());
       }
 
       for (int64_t r = 0; r < n; ++r) {

@@ -60,18 +60,6 @@ inline void load_row_tile(const Tensor& t, int64_t b, int64_t h, int64_t r0, int
   }
 }
 
-// Keys [j0, j0 + n) transposed into tile[d][kBlockKeys]; columns >= n are zeroed.
-inline void load_keys_transposed(const Tensor& t, int64_t b, int64_t h, int64_t j0, int64_t n, int64_t d,
-                                 float* row_buf, float* tile) {
-  for (int64_t j = 0; j < kBlockKeys; ++j) {
-    if (j < n)
-      load_row(t, b, j0 + j, h, d, row_buf);
-    else
-      std::fill(row_buf, row_buf + d, 0.0f);
-    for (int64_t c = 0; c < d; ++c) tile[c * kBlockKeys + j] = row_buf[c];
-  }
-}
-
 // S row (raw q.k for keys j0..j0+kBlockKeys) -> x = scores in log2 units, -inf where masked or past the
 // end. `tanh_out` (optional) receives tanh(q.k * scale / softcap) for the softcap derivative.
 inline void score_row(const detail::Problem& p, const num::ScoreTransform& st, int64_t i, int64_t j0, bool all_visible,
