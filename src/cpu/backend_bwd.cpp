@@ -127,8 +127,8 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     for (size_t it = 0; it < kv_items.size(); ++it) {
       const WorkItem& w = kv_items[it];
       const int64_t j0 = w.block * kBlockKeys, nk = std::min<int64_t>(kBlockKeys, p.seqlen_k - j0);
-      const float* kt = kt_blocks.block(w.b, w.h, w.block);
-      const float* vt = vt_blocks.block(w.b, w.h, w.block);
+      const float* kt = kt_blocks.block<float>(w.b, w.h, w.block);
+      const float* vt = vt_blocks.block<float>(w.b, w.h, w.block);
       std::fill(dk_acc.data(), dk_acc.data() + kBlockKeys * dpad, 0.0f);
       std::fill(dv_acc.data(), dv_acc.data() + kBlockKeys * dpad, 0.0f);
       for (int64_t h = w.h * p.group(); h < (w.h + 1) * p.group(); ++h) {
@@ -169,8 +169,8 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
       const KeySpan keys = keys_of_rows(p.mask, i0, i0 + n);
       for (int64_t j0 = first_block_start(keys.begin); j0 < keys.end; j0 += kBlockKeys) {
         const int64_t blk = j0 / kBlockKeys;
-        probabilities_and_grad(p, st, i0, n, rows, j0, kt_blocks.block(w.b, hk, blk), vt_blocks.block(w.b, hk, blk), bt);
-        gemm_accumulate(bt.dp.data(), kBlockKeys, k_blocks.block(w.b, hk, blk), kBlockKeys, rows, dpad, dq_acc.data());
+        probabilities_and_grad(p, st, i0, n, rows, j0, kt_blocks.block<float>(w.b, hk, blk), vt_blocks.block<float>(w.b, hk, blk), bt);
+        gemm_accumulate(bt.dp.data(), kBlockKeys, k_blocks.block<float>(w.b, hk, blk), kBlockKeys, rows, dpad, dq_acc.data());
       }
       for (int64_t r = 0; r < n; ++r) store_row(dq, w.b, i0 + r, w.h, d, dq_acc.data() + r * dpad);
     }

@@ -83,6 +83,13 @@ inline void gemm_accumulate(const float* p, int64_t ld_p, const float* b, int64_
   }
 }
 
+// Sum of the lanes as a tree (halves added pairwise): a fixed order, log2(16) dependent steps instead of 15.
+inline float lane_sum(vf acc) {
+  for (int half = kLanes / 2; half > 0; half /= 2)
+    for (int lane = 0; lane < half; ++lane) acc[lane] += acc[lane + half];
+  return acc[0];
+}
+
 // x[0..kBlockKeys) <- exp2(x - m) under the policy (emulated for some 8-column groups of absolute key
 // columns); returns the sum, added in a fixed order (deterministic). Masked entries are -inf and give 0.
 inline float exp2_block(float* x, float m, int64_t first_key, int emulated_per16) {
@@ -99,9 +106,7 @@ inline float exp2_block(float* x, float m, int64_t first_key, int emulated_per16
   }
   vf acc = load_vf(x);
   for (int u = 1; u < kBlockKeys / kLanes; ++u) acc += load_vf(x + u * kLanes);
-  float sum = 0.0f;
-  for (int lane = 0; lane < kLanes; ++lane) sum += acc[lane];
-  return sum;
+  return lane_sum(acc);
 }
 
 inline float max_block(const float* x) {
@@ -110,9 +115,9 @@ inline float max_block(const float* x) {
     const vf y = load_vf(x + u * kLanes);
     acc = acc > y ? acc : y;
   }
-  float m = acc[0];
-  for (int lane = 1; lane < kLanes; ++lane) m = m > acc[lane] ? m : acc[lane];
-  return m;
+  for (int half = kLanes / 2; half > 0; half /= 2)
+    for (int lane = 0; lane < half; ++lane) acc[lane] = acc[lane] > acc[lane + half] ? acc[lane] : acc[lane + half];
+  return acc[0];
 }
 
 // A 64-byte aligned, zero-initialised float buffer.

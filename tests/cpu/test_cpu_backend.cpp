@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "cpu/amx.hpp"
 #include "testing/tolerance.hpp"
 
 namespace fa4::testing {
@@ -128,4 +129,19 @@ TEST(CpuBackend, Fp64IsComputedExactly) {
   EXPECT_TRUE(r.pass) << r.failure;
   EXPECT_LT(r.out.max_error, 1e-12);
   EXPECT_LT(r.dq.max_error, 1e-12);
+}
+
+// bf16 runs on AMX tiles where the CPU has them; the fp32 vector path must stay correct for bf16 too.
+TEST(CpuBackend, Bf16OnBothProductPaths) {
+  for (bool amx_on : {false, true}) {
+    fa4::cpu::amx::set_enabled(amx_on);
+    for (int64_t d : {40, 64, 128, 256}) {
+      CaseSpec c = base(DType::bf16);
+      c.head_dim = d;
+      c.options.causal = d == 64;
+      c.options.softcap = d == 40 ? 20.0f : 0.0f;
+      expect_pass(c);
+    }
+  }
+  fa4::cpu::amx::set_enabled(true);
 }
