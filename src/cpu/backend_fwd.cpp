@@ -22,6 +22,7 @@ struct Fp32Products {
       : p(prob), d(prob.head_dim), dpad(padded_dim(prob.head_dim)), kt(prob, k, BlockLayout::transposed),
         v(prob, vv, BlockLayout::rows) {}
   int64_t o_stride() const { return dpad; }
+  int64_t padded_rows(int64_t n) const { return round_up(n, kRowGroup); }
 
   struct Thread {
     Scratch q;
@@ -47,6 +48,7 @@ struct AmxProducts {
       : p(prob), d(prob.head_dim), d32(dim32(prob.head_dim)), k_pairs(prob, k, BlockLayout::dim_pairs),
         v_pairs(prob, vv, BlockLayout::key_pairs) {}
   int64_t o_stride() const { return d32; }
+  int64_t padded_rows(int64_t) const { return amx::kRows; }
 
   struct Thread {
     std::vector<uint16_t> q, probs;
@@ -90,7 +92,7 @@ void forward_blocks(const detail::Problem& p, const Tensor& q, const Tensor& out
       const WorkItem& w = items[it];
       const int64_t hk = w.h / p.group();
       const int64_t i0 = w.block * kBlockRows, n = std::min<int64_t>(kBlockRows, p.seqlen_q - i0);
-      const int64_t rows = round_up(n, kRowGroup);
+      const int64_t rows = prod.padded_rows(n);
       prod.load_q(thread, q, w.b, w.h, i0, n, rows);
       std::fill(o.data(), o.data() + kBlockRows * ostride, 0.0f);
       std::fill(m.begin(), m.end(), -INFINITY);
