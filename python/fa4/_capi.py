@@ -1,0 +1,222 @@
+"""libfa4's C ABI (include/fa4/fa4.h) through ctypes: finding and loading the library, its structs, and the
+calls wrapped so that a failing status becomes the matching exception carrying fa4_last_error()'s message.
+
+Nothing here knows numpy or torch: callers describe their arrays with `tensor(...)`."""
+
+import ctypes
+import functools
+import math
+import operator
+import os
+import pathlib
+
+from .errors import ERROR_BY_STATUS, InternalError, InvalidArgumentError, LibraryNotFoundError
+
+# fa4_dtype, fa4_device, fa4_pass (fa4.h).
+F32, F16, BF16, F64 = 0, 1, 2, 3
+CPU, CUDA = 0, 1
+FORWARD, BACKWARD = 0, 1
+
+LIBRARY_ENV_VAR = "FA4_LIBRARY"
+_PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+BUNDLED_LIBRARY = _PACKAGE_DIR / "_lib" / "libfa4.so"  # placed there by setup.py when the wheel is built
+REPO_BUILD_LIBRARY = _PACKAGE_DIR.parent.parent / "build" / "libfa4.so"  # running from a checkout
+
+
+class Tensor(ctypes.Structure):
+    """fa4_tensor: rank 4 [batch, seqlen, heads, head_dim] or rank 3 (the LSE), strides in elements."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("device", ctypes.c_int32),
+        ("device_index", ctypes.c_int32),
+        ("rank", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * 4),
+        ("stride", ctypes.c_int64 * 4),
+    ]
+
+
+class Options(ctypes.Structure):
+    """fa4_options, field for field."""
+
+    _fields_ = [
+        ("struct_size", ctypes.c_uint32),
+        ("has_softmax_scale", ctypes.c_int32),
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("window_left", ctypes.c_int64),
+        ("window_right", ctypes.c_int64),
+        ("softcap", ctypes.c_float),
+        ("exp2_emulated_fraction", ctypes.c_float),
+        ("rescale_threshold", ctypes.c_float),
+        ("deterministic", ctypes.c_int32),
+    ]
+
+
+_TENSOR_P = ctypes.POINTER(Tensor)
+_OPTIONS_P = ctypes.POINTER(Options)
+_SIGNATURES = {  # name: (restype, argtypes)
+    "fa4_version": (ctypes.c_char_p, []),
+    "fa4_last_error": (ctypes.c_char_p, []),
+    "fa4_options_init": (None, [ctypes.c_void_p]),
+    "fa4_forward": (ctypes.c_int, [_TENSOR_P] * 5 + [_OPTIONS_P, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
+    "fa4_backward": (ctypes.c_int, [_TENSOR_P] * 9 + [_OPTIONS_P, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
+    "fa4_workspace_size": (ctypes.c_int, [ctypes.c_int, _TENSOR_P, _TENSOR_P, _TENSOR_P, _OPTIONS_P,
+                                          ctypes.POINTER(ctypes.c_size_t)]),
+    "fa4_supports": (ctypes.c_int, [ctypes.c_int, _TENSOR_P, _TENSOR_P, _TENSOR_P, _OPTIONS_P, ctypes.c_char_p,
+                                    ctypes.c_size_t]),
+}
+
+
+def library_candidates():
+    """Where libfa4 is looked for, in order. An explicit FA4_LIBRARY is the only candidate, so that a typo in
+    it fails loudly instead of silently loading another copy."""
+    explicit = os.environ.get(LIBRARY_ENV_VAR)
+    if explicit:
+        path = pathlib.Path(explicit)
+        return [path / "libfa4.so" if path.is_dir() else path]
+    return [BUNDLED_LIBRARY, REPO_BUILD_LIBRARY]
+
+
+class _Library:
+    """The loaded library with its calls declared, and fa4_options_init's defaults kept as a template."""
+
+    def __init__(self, path):
+        self.path = path
+        try:
+            self.dll = ctypes.CDLL(str(path))
+        except OSError as e:
+            raise LibraryNotFoundError(f"fa4: cannot load {path}: {e}") from e
+        for name, (restype, argtypes) in _SIGNATURES.items():
+            try:
+                function = getattr(self.dll, name)
+            except AttributeError:
+                raise LibraryNotFoundError(f"fa4: {path} lacks the C ABI function {name} (not libfa4, or too old)")
+            function.restype, function.argtypes = restype, argtypes
+            setattr(self, name, function)
+        self.default_options = self._default_options()
+        self.version = self.fa4_version().decode()
+
+    def _default_options(self):
+        # fa4_options_init writes the library's own sizeof(fa4_options): give it room to spare, then require
+        # that it is exactly the struct declared above (the C side refuses a smaller one anyway).
+        buffer = ctypes.create_string_buffer(4 * ctypes.sizeof(Options))
+        self.fa4_options_init(buffer)
+        options = Options.from_buffer_copy(buffer)
+        if options.struct_size != ctypes.sizeof(Options):
+            raise LibraryNotFoundError(
+                f"fa4: {self.path} has a {options.struct_size}-byte fa4_options, this package expects "
+                f"{ctypes.sizeof(Options)} bytes: the library and the Python package are from different versions")
+        return options
+
+    def check(self, status):
+        """Raise the exception of a failed call, with the C layer's message (it names the argument)."""
+        if status != 0:
+            message = self.fa4_last_error().decode(errors="replace")
+            raise ERROR_BY_STATUS.get(status, InternalError)(message or f"fa4: call failed with status {status}")
+
+
+@functools.cache
+def library():
+    """The loaded libfa4, found on first use (so that `import fa4` works before the library is built)."""
+    candidates = library_candidates()
+    for path in candidates:
+        if path.exists():
+            return _Library(path)
+    looked = "\n".join(f"  {path}" for path in candidates)
+    raise LibraryNotFoundError(
+        f"fa4: cannot find libfa4.so; looked at:\n{looked}\n"
+        f"Install the package with `pip install ./python` from the repository (it builds the library), build it "
+        f"with `cmake -S . -B build && cmake --build build --target fa4`, or set {LIBRARY_ENV_VAR} to its path.")
+
+
+def tensor(call, name, data_ptr, dtype, device, device_index, shape, strides):
+    """An fa4_tensor for an array of rank <= 4 (the C layer checks everything else and names `name`)."""
+    if len(shape) > 4:
+        raise InvalidArgumentError(f"{call}: argument '{name}': expected rank 4 ([batch, seqlen, heads, head_dim]), "
+                                   f"got rank {len(shape)}")
+    t = Tensor(data=data_ptr, dtype=dtype, device=device, device_index=device_index, rank=len(shape))
+    t.shape[:len(shape)] = shape
+    t.stride[:len(strides)] = strides
+    return t
+
+
+def window_bounds(call, window_size):
+    """(left, right) from FlashAttention's window_size: -1 (FA2/FA3) or None (FA4) means unbounded."""
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{call}: argument 'window_size': expected a pair (left, right), -1 or None for "
+                                   f"unbounded, got {window_size!r}") from None
+    bounds = []
+    for side, value in (("left", left), ("right", right)):
+        if value is None:
+            value = -1
+        if isinstance(value, bool) or not hasattr(value, "__index__"):  # ints, numpy ints; not floats
+            raise InvalidArgumentError(f"{call}: argument 'window_size': expected integer bounds, got {side} = "
+                                       f"{value!r}")
+        bounds.append(operator.index(value))
+    return tuple(bounds)
+
+
+def options(call, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
+            deterministic=False):
+    """fa4_options from FlashAttention's keyword arguments, on top of the library's defaults."""
+    o = Options.from_buffer_copy(library().default_options)
+    if softmax_scale is not None:
+        o.has_softmax_scale = 1
+        o.softmax_scale = _float(call, "softmax_scale", softmax_scale)
+    o.causal = bool(causal)
+    for name, value in (("window_left", window_left), ("window_right", window_right)):
+        if not -2**63 <= value < 2**63:  # ctypes would wrap it silently
+            raise InvalidArgumentError(f"{call}: argument 'window_size': expected bounds that fit int64, "
+                                       f"got {name} = {value}")
+        setattr(o, name, value)
+    o.softcap = _float(call, "softcap", softcap)
+    o.deterministic = bool(deterministic)
+    return o
+
+
+def _float(call, name, value):
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InvalidArgumentError(f"{call}: argument '{name}': expected a number, got {value!r}") from None
+    if math.isfinite(value) and abs(value) > 3.4028234663852886e38:  # ctypes would round it to inf silently
+        raise InvalidArgumentError(f"{call}: argument '{name}': expected a number in float32 range, got {value}")
+    return value
+
+
+def _out(t):
+    return None if t is None else ctypes.byref(t)
+
+
+def forward(q, k, v, out, lse, options, workspace_ptr=None, workspace_bytes=0, stream=None):
+    lib = library()
+    lib.check(lib.fa4_forward(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out), _out(lse),
+                              ctypes.byref(options), workspace_ptr, workspace_bytes, stream))
+
+
+def backward(q, k, v, out, dout, lse, dq, dk, dv, options, workspace_ptr=None, workspace_bytes=0, stream=None):
+    lib = library()
+    tensors = [ctypes.byref(t) for t in (q, k, v, out, dout, lse, dq, dk, dv)]
+    lib.check(lib.fa4_backward(*tensors, ctypes.byref(options), workspace_ptr, workspace_bytes, stream))
+
+
+def workspace_size(pass_, q, k, v, options):
+    lib = library()
+    size = ctypes.c_size_t(0)
+    lib.check(lib.fa4_workspace_size(pass_, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
+                                     ctypes.byref(options), ctypes.byref(size)))
+    return size.value
+
+
+def supports(pass_, q, k, v, options):
+    """(status, reason): status 0 when the pass can run on these inputs. Never launches, never raises for the
+    inputs themselves (the reason says what is wrong)."""
+    lib = library()
+    reason = ctypes.create_string_buffer(1024)
+    status = lib.fa4_supports(pass_, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(options),
+                              reason, len(reason))
+    return status, reason.value.decode(errors="replace")

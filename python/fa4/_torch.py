@@ -1,0 +1,148 @@
+"""fa4 for PyTorch: the custom ops fa4::forward and fa4::backward (torch.library, so torch.compile traces
+through them without a graph break and autograd differentiates them), and FlashAttention's flash_attn_func.
+
+CPU tensors run on the CPU backend, CUDA tensors on the GPU kernels, on the current CUDA stream (so CUDA-graph
+capture works: nothing here synchronizes, and outputs come from torch's caching allocator)."""
+
+import contextlib
+from typing import Optional
+
+import torch
+
+from . import _capi
+from .errors import InvalidArgumentError
+
+_DTYPE_CODES = {torch.float32: _capi.F32, torch.float16: _capi.F16, torch.bfloat16: _capi.BF16,
+                torch.float64: _capi.F64}
+_DEVICE_CODES = {"cpu": _capi.CPU, "cuda": _capi.CUDA}
+
+
+def describe(call, name, t):
+    """The fa4_tensor of a torch tensor (its storage, shape and strides as they are)."""
+    code = _DTYPE_CODES.get(t.dtype)
+    if code is None:
+        raise InvalidArgumentError(f"{call}: argument '{name}': expected dtype float32, float16, bfloat16 or "
+                                   f"float64, got {t.dtype}")
+    device = _DEVICE_CODES.get(t.device.type)
+    if device is None:
+        raise InvalidArgumentError(f"{call}: argument '{name}': expected a cpu or cuda tensor, got device "
+                                   f"{t.device}")
+    return _capi.tensor(call, name, t.data_ptr() or None, code, device, t.device.index or 0, t.shape, t.stride())
+
+
+def _unit_head_dim_stride(t):
+    # fa4 reads head_dim contiguously; any other stride is free. FlashAttention copies in this case too.
+    return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
+def _lse_shape(q):
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _device_guard(q):
+    # Kernels launch on the current device: make it q's (nothing to do in the common single-GPU case).
+    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
+        return torch.cuda.device(q.device.index)
+    return contextlib.nullcontext()
+
+
+def _stream(q):
+    return torch.cuda.current_stream(q.device).cuda_stream if q.device.type == "cuda" else None
+
+
+def _workspace(pass_, inputs, options, device):
+    """(tensor keeping it alive, pointer, bytes) of the workspace the pass asks for, on q's device, from torch's
+    caching allocator (so CUDA-graph capture works)."""
+    nbytes = _capi.workspace_size(pass_, *inputs, options)
+    if nbytes == 0:
+        return None, None, 0
+    buffer = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    return buffer, buffer.data_ptr(), nbytes
+
+
+@torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))
+def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
+               window_left: int, window_right: int, softcap: float,
+               deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32."""
+    call = "fa4.flash_attn_func"
+    q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    with _device_guard(q):
+        _keep, workspace, workspace_bytes = _workspace(_capi.FORWARD, inputs, options, q.device)
+        _capi.forward(*inputs, describe(call, "out", out), describe(call, "lse", lse), options, workspace,
+                      workspace_bytes, _stream(q))
+    return out, lse
+
+
+@forward_op.register_fake
+def _forward_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+@torch.library.custom_op("fa4::backward", mutates_args=(), device_types=("cpu", "cuda"))
+def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+                softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), contiguous, shaped as q, k, v."""
+    call = "fa4.flash_attn_func (backward)"
+    dout, q, k, v, out = (_unit_head_dim_stride(t) for t in (dout, q, k, v, out))
+    grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
+    inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    with _device_guard(q):
+        _keep, workspace, workspace_bytes = _workspace(_capi.BACKWARD, inputs, options, q.device)
+        _capi.backward(*inputs, describe(call, "out", out), describe(call, "dout", dout), describe(call, "lse", lse),
+                       *(describe(call, name, g) for name, g in zip(("dq", "dk", "dv"), grads)), options, workspace,
+                       workspace_bytes, _stream(q))
+    return tuple(grads)
+
+
+@backward_op.register_fake
+def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+                   deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *ctx.options = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    # FlashAttention does not differentiate through the LSE; say so rather than silently dropping its gradient.
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = backward_op(dout, q, k, v, out, lse, *ctx.options)
+    return (dq, dk, dv) + (None,) * len(ctx.options)
+
+
+forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    deterministic=False, return_lse=False):
+    """FlashAttention's flash_attn_func on fa4.
+
+    q: [batch, seqlen_q, heads, head_dim], k, v: [batch, seqlen_k, heads_kv, head_dim] with heads % heads_kv == 0
+    (GQA/MQA); float16, bfloat16, float32 or float64 (float32/float64 run on the CPU backend; CUDA kernels take
+    what the build has); any strides with the head_dim stride made 1. softmax_scale defaults to
+    1/sqrt(head_dim); causal is bottom-right aligned (row i sees keys j <= i + seqlen_k - seqlen_q); window_size
+    = (left, right), -1 or None = unbounded; softcap: s <- softcap·tanh(s/softcap) on scaled scores, 0 = off;
+    deterministic: bitwise-reproducible backward. Returns out, or (out, lse) with return_lse=True; lse is float32
+    [batch, heads, seqlen_q], natural log, and not differentiated."""
+    call = "fa4.flash_attn_func"
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"{call}: argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise InvalidArgumentError(f"{call}: argument '{name}': expected rank 4 ([batch, seqlen, heads, "
+                                       f"head_dim]), got rank {t.dim()} (shape {list(t.shape)})")
+    window_left, window_right = _capi.window_bounds(call, window_size)
+    out, lse = forward_op(q, k, v, None if softmax_scale is None else float(softmax_scale), bool(causal),
+                          window_left, window_right, float(softcap), bool(deterministic))
+    return (out, lse) if return_lse else out
