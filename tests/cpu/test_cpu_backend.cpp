@@ -145,3 +145,40 @@ TEST(CpuBackend, Bf16OnBothProductPaths) {
   }
   fa4::cpu::amx::set_enabled(true);
 }
+
+// Rows that see no key (causal with seqlen_q > seqlen_k): O exactly 0, LSE exactly -inf, gradients exactly
+// 0 and finite, on both product paths.
+TEST(CpuBackend, FullyMaskedRowsGiveZeroOutputMinusInfLseAndZeroGradients) {
+  using fa4::testing::HostTensor;
+  for (DType dt : {DType::f32, DType::bf16, DType::f16}) {
+    for (bool amx_on : {false, true}) {
+      fa4::cpu::amx::set_enabled(amx_on);
+      const int64_t sq = 70, sk = 5, h = 2, d = 64;  // offset -65: rows 0..64 see nothing
+      auto q = HostTensor::make(dt, {1, sq, h, d}), k = HostTensor::make(dt, {1, sk, h, d}), v = HostTensor::make(dt, {1, sk, h, d});
+      auto out = HostTensor::make(dt, {1, sq, h, d}), dout = HostTensor::make(dt, {1, sq, h, d});
+      auto dq = HostTensor::make(dt, {1, sq, h, d}), dk = HostTensor::make(dt, {1, sk, h, d}), dv = HostTensor::make(dt, {1, sk, h, d});
+      auto lse = HostTensor::make_lse({1, h, sq});
+      q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), dout.fill_normal(4);
+      for (auto* t : {&out, &lse, &dq, &dk, &dv}) t->poison();
+      fa4::Options o;
+      o.causal = true;
+      fa4::forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);
+      fa4::backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), o);
+      for (int64_t hh = 0; hh < h; ++hh)
+        for (int64_t i = 0; i < sq; ++i) {
+          const bool masked = i < sq - sk;
+          ASSERT_EQ(lse.at({0, hh, i, 0}) == -INFINITY, masked) << i;
+          for (int64_t c = 0; c < d; ++c) {
+            ASSERT_TRUE(std::isfinite(out.at({0, i, hh, c})) && std::isfinite(dq.at({0, i, hh, c})));
+            if (masked) {
+              ASSERT_EQ(out.at({0, i, hh, c}), 0.0);
+              ASSERT_EQ(dq.at({0, i, hh, c}), 0.0);
+            }
+          }
+        }
+      for (double x : dk.values()) ASSERT_TRUE(std::isfinite(x));
+      for (double x : dv.values()) ASSERT_TRUE(std::isfinite(x));
+    }
+  }
+  fa4::cpu::amx::set_enabled(true);
+}
