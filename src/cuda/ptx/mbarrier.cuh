@@ -1,0 +1,55 @@
+// mbarrier: init, arrive, arrive with an expected transaction byte count, parity wait (through CCCL's cuda::ptx).
+// All barriers here live in this CTA's shared memory and synchronise at CTA scope.
+#pragma once
+
+#include <cstdint>
+#include <cuda/ptx>
+
+// A wait that never completes (a lost arrival, a wrong expect_tx byte count, a TMA fault) would otherwise hang the
+// GPU. After this much global time a waiter traps instead, and the launch fails with cudaErrorLaunchFailure.
+// No legitimate wait in these kernels lasts milliseconds. Define to 0 to compile the check out (e.g. for a
+// debugger session, where a breakpoint would stop the clock for one warp but not for global time).
+#ifndef FA4_MBARRIER_TIMEOUT_NS
+#define FA4_MBARRIER_TIMEOUT_NS 4000000000ull
+#endif
+
+namespace fa4::ptx {
+
+// One thread initialises; the caller then makes the init visible (fence_barrier_init) and syncs the CTA.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t expected_arrivals) {
+  ::cuda::ptx::mbarrier_init(bar, expected_arrivals);
+}
+
+// Release semantics: this thread's earlier shared-memory writes are visible to whoever observes the phase flip.
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  (void)::cuda::ptx::mbarrier_arrive(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta, ::cuda::ptx::space_shared, bar);
+}
+
+// One arrival plus `bytes` of pending transactions: the phase completes when the async copies signalling this
+// barrier (TMA complete_tx) have delivered exactly that many bytes.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  (void)::cuda::ptx::mbarrier_arrive_expect_tx(::cuda::ptx::sem_release, ::cuda::ptx::scope_cta,
+                                               ::cuda::ptx::space_shared, bar, bytes);
+}
+
+// True once the phase with this parity has completed (see pipeline_state.hpp for the parity rule). The
+// instruction itself suspends the thread for a hardware-chosen time before giving up, so polling it is cheap.
+__device__ __forceinline__ bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t parity) {
+  return ::cuda::ptx::mbarrier_try_wait_parity(bar, parity);
+}
+
+// Blocks until the phase with this parity has completed; traps after FA4_MBARRIER_TIMEOUT_NS.
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
+  if (mbarrier_try_wait_parity(bar, parity)) return;  // the common case: no timer read
+#if FA4_MBARRIER_TIMEOUT_NS > 0
+  const uint64_t start = ::cuda::ptx::get_sreg_globaltimer();
+  while (!mbarrier_try_wait_parity(bar, parity)) {
+    if (::cuda::ptx::get_sreg_globaltimer() - start > static_cast<uint64_t>(FA4_MBARRIER_TIMEOUT_NS)) __trap();
+  }
+#else
+  while (!mbarrier_try_wait_parity(bar, parity)) {
+  }
+#endif
+}
+
+}  // namespace fa4::ptx

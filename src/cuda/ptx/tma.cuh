@@ -1,0 +1,57 @@
+// TMA (cp.async.bulk.tensor) tile loads and stores between global memory and this CTA's shared memory, 1D..5D,
+// and the bulk-group commit/wait that retires stores (through CCCL's cuda::ptx); prefetch.tensormap is
+// hand-written because CCCL lacks it. Tensor maps are built on the host by src/cuda/tensormap.hpp.
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (the type only; nothing here calls the driver)
+
+#include <cstdint>
+#include <cuda/ptx>
+
+namespace fa4::ptx {
+
+// Coordinates are in elements, innermost dimension first, and may be negative or run past the tensor's end:
+// those box elements are filled with zeros. `smem_dst` must be aligned for the map's swizzle (1024 bytes for
+// 128B). Completion is signalled as transaction bytes on `bar` (arm it with mbarrier_arrive_expect_tx).
+// Rank is a template parameter because the instruction's dimensionality is part of the opcode.
+template <int Rank>
+__device__ __forceinline__ void tma_load(void* smem_dst, const CUtensorMap* map, const int32_t (&coords)[Rank],
+                                         uint64_t* bar) {
+  static_assert(Rank >= 1 && Rank <= 5, "TMA tensors have 1 to 5 dimensions");
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_shared, ::cuda::ptx::space_global, smem_dst, map, coords, bar);
+}
+
+// Writes the box from shared memory; elements outside the tensor are not written. The source must have been
+// made visible to the async proxy (fence_proxy_async_shared_cta + a barrier) before this is issued.
+template <int Rank>
+__device__ __forceinline__ void tma_store(const CUtensorMap* map, const int32_t (&coords)[Rank], const void* smem_src) {
+  static_assert(Rank >= 1 && Rank <= 5, "TMA tensors have 1 to 5 dimensions");
+  ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_global, ::cuda::ptx::space_shared, map, coords, smem_src);
+}
+
+// Closes the group of stores issued so far by this thread.
+__device__ __forceinline__ void tma_store_commit() { ::cuda::ptx::cp_async_bulk_commit_group(); }
+
+// Waits until at most `Pending` committed store groups still read their shared-memory source (the buffer may be
+// reused); the global writes may still be in flight. Pending is an immediate of the instruction.
+template <int Pending>
+__device__ __forceinline__ void tma_store_wait_read() {
+  static_assert(Pending >= 0 && Pending <= 63, "bulk wait_group takes a small immediate");
+  ::cuda::ptx::cp_async_bulk_wait_group_read(::cuda::ptx::n32_t<Pending>{});
+}
+
+// Waits until at most `Pending` committed store groups are incomplete, global writes included.
+template <int Pending>
+__device__ __forceinline__ void tma_store_wait() {
+  static_assert(Pending >= 0 && Pending <= 63, "bulk wait_group takes a small immediate");
+  ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<Pending>{});
+}
+
+// Pulls the descriptor into the TMA unit's cache ahead of the first copy (one thread, at kernel start).
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.tensormap [%0];" : : "l"(map) : "memory");
+#endif
+}
+
+}  // namespace fa4::ptx
