@@ -75,9 +75,20 @@ constexpr std::array<Gpu, 4> kAllGpus{Gpu::h100, Gpu::h200, Gpu::b200, Gpu::b300
 // - overlap_exponent_regs: on Hopper the MMA side and the softmax side of a tile step do not overlap
 //   perfectly (register-resident accumulators, named-barrier ping-pong). Their times are combined as the
 //   p-norm (a^p + b^p)^(1/p): p = 1 is the serial sum, p -> infinity the overlapped bound. p = 2 was chosen
-//   once against FA3's forward throughput on our H200 (all head dims, seqlen >= 4k); it is the only fitted
-//   number in the model. Blackwell (TMEM accumulators, a dedicated MMA warp) is modelled as fully overlapped.
-const Efficiency kEfficiency{759.0 / (132 * 4096 * 1.98e-3), 107.0 / 128.0, 2.0};
+//   once against FA3's forward throughput on our H200 (all head dims, seqlen >= 4k); it is the only number
+//   fitted to attention throughputs (the two I/O parameters below are fitted to a microbenchmark). Blackwell (TMEM accumulators, a dedicated MMA warp) is modelled as fully overlapped.
+// - hbm_achieved: 4.24 TB/s device-to-device copy measured on our H200 (H200.md) over the 4.8 TB/s datasheet
+//   = 0.883. Used for every HBM stream (the backward's pre/postprocess kernels, the compulsory-traffic check).
+// - exposed_io_share, exposed_io_latency: a backward CTA loads K, V and its first Q/dO tile before its first
+//   step and stores dK, dV and its last dQ partial after its last step; nothing of its own overlaps that I/O
+//   (the kernels are not persistent). Measured on our H200 with a one-CTA-per-SM, non-persistent kernel
+//   (384 threads, 200 KB SMEM, 16 waves) that loads B bytes into SMEM, computes, and stores B bytes
+//   (docs/model.md, appendix): the extra time per CTA over a compute-only run is
+//   0.27 us + bytes / 60.8 GB/s (least squares over B = 32..160 KB each way, two compute lengths), i.e. 530
+//   cycles and 30.7 B/clk per SM at 1980 MHz, 1.89x the SM's fair share of 4.24 TB/s (16.2 B/clk). Expressed
+//   as that share so that it scales with each GPU's HBM bandwidth per SM; the ratio is assumed GPU-independent.
+const Efficiency kEfficiency{759.0 / (132 * 4096 * 1.98e-3), 107.0 / 128.0, 2.0,
+                             4.24 / 4.8, 30.7 / (4.24e12 / 132 / 1.98e9), 530};
 
 const Hardware& hardware(Gpu gpu) { return kHardware.at(static_cast<size_t>(gpu)); }
 

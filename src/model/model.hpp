@@ -62,6 +62,9 @@ struct Efficiency {
   double sustained;              // sustained fraction of peak rates on a fully loaded SM (all resources)
   double alu_issue;              // further fraction of the peak instruction-issue rate reached by ALU streams
   double overlap_exponent_regs;  // p of the p-norm that composes MMA and softmax time on Hopper ping-pong
+  double hbm_achieved;           // achieved fraction of the datasheet HBM bandwidth (streaming copy)
+  double exposed_io_share;       // a lone CTA's exposed load/store rate, in multiples of its fair HBM share
+  double exposed_io_latency;     // fixed cycles per work tile for its exposed prologue + epilogue I/O
 };
 extern const Efficiency kEfficiency;
 
@@ -77,6 +80,8 @@ struct TileConfig {
   int q_tiles_per_cta = 1;         // forward: Q tiles one CTA keeps in flight (FA4: 2 ping-pong tiles)
   double emulated_fraction = 0.0;  // forward exp2 done on the FMA pipe (Cody-Waite + degree-3 polynomial)
   double rescale_frequency = 1.0;  // forward: fraction of steps that rescale O (FA4 conditional rescale ~0.1)
+  bool mask_every_step = false;    // backward: causal mask applied to every step, not only the diagonal ones
+                                   // (FA3 separates the masking iterations only for hdim <= 64, fa3.md §4.5)
 };
 
 // The tile configuration the reference kernels use (FA3 tables on Hopper, FA4 on Blackwell) with the
@@ -99,6 +104,15 @@ struct TileCost {
   double smem_dq_bytes = 0;        // dQ fp32 partial written and read back for the global reduce-add
   double tmem_bytes = 0;           // tensor-memory reads + writes (Blackwell only)
   double load_bytes = 0;           // global -> SMEM per step (K,V fwd; Q,dO,LSE,D and dQ reduce-add bwd)
+  // Backward work tiles are not persistent (one CTA per K/V block, fa3.md §4.8, fa4.md §7): what a CTA must
+  // load before its first step (K, V and the first Q, dO, LSE, D) and store after its last (dK, dV and the
+  // last dQ partial) is exposed, not overlapped with its steps. Zero in the forward (persistent kernels).
+  double prologue_bytes = 0;
+  double epilogue_bytes = 0;
+  // The epilogue's own work before its store: dK *= softmax scale, dK and dV packed to 16 bit and written to
+  // SMEM for the TMA store (fa3.md §4.6, fa4.md §5.1).
+  double epilogue_smem_bytes = 0;
+  double epilogue_alu_instructions = 0;
   Resource bound = Resource::mma;  // slowest resource
   double bound_cycles = 0;         // overlapped bound: max over resources
   double serial_cycles = 0;        // serial sum: tensor-core side + softmax side
@@ -113,6 +127,12 @@ struct StepTime {
   double step = 0;          // composed
   double fill = 0;          // exposed once per work tile: the overlap a pipeline fill/drain loses
 };
+
+// Cycles a backward work tile spends outside its steps: the exposed prologue and epilogue I/O
+// (TileCost::prologue_bytes, epilogue_bytes) at a fixed latency plus the bytes at exposed_io_share x the SM's
+// fair share of the achieved HBM bandwidth, and the epilogue's conversion and SMEM staging at the per-SM rates
+// (sustained, alu_issue). Zero for the forward.
+double work_tile_io_cycles(const Hardware&, const TileCost&);
 StepTime step_time(const Hardware&, const TileCost&, Schedule);
 
 struct Problem {
@@ -133,9 +153,14 @@ struct Prediction {
   double wave_efficiency = 0;     // busy fraction of units (wave quantization + imbalance)
   double flops = 0;               // FlashAttention convention
   double compute_seconds = 0;
-  double hbm_bytes = 0;           // compulsory HBM traffic of the whole problem
+  double io_cycles = 0;           // per work tile: exposed prologue/epilogue I/O (backward)
+  double hbm_bytes = 0;           // compulsory HBM traffic of the main kernel
   double hbm_seconds = 0;
-  double tflops = 0;              // flops / max(compute, hbm) time
+  // Backward only: the separate preprocess (D = rowsum(dO o O), LSE*log2e, zero the fp32 dQ accumulator) and
+  // postprocess (dQ accumulator -> bf16) kernels, pure HBM streams that run before and after the main kernel.
+  double aux_bytes = 0;
+  double aux_seconds = 0;
+  double tflops = 0;              // flops / (max(compute, hbm) + aux) time
   double tile_bound_tflops = 0;   // upper limit from the overlapped per-tile bound alone, ideal rates
 };
 

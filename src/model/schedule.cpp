@@ -28,6 +28,18 @@ StepTime step_time(const Hardware& hw, const TileCost& c, Schedule schedule) {
   return s;
 }
 
+double work_tile_io_cycles(const Hardware& hw, const TileCost& c) {
+  const double bytes = c.prologue_bytes + c.epilogue_bytes;
+  if (bytes <= 0) return 0;
+  const double fair_share_bytes_per_clk =
+      hw.hbm_tb_per_s.value * 1e12 * kEfficiency.hbm_achieved / hw.sm_count.value / (hw.clock_ghz.value * 1e9);
+  const double staging = (c.epilogue_smem_bytes / hw.smem_bytes_per_clk.value +
+                          c.epilogue_alu_instructions / (hw.issue_per_clk.value * kEfficiency.alu_issue)) /
+                         kEfficiency.sustained;
+  return kEfficiency.exposed_io_latency + bytes / (kEfficiency.exposed_io_share * fair_share_bytes_per_clk) +
+         staging;
+}
+
 double list_schedule_makespan(std::vector<double> work, int units, bool longest_first) {
   if (units <= 0) throw std::invalid_argument("units must be positive");
   if (work.empty()) return 0;
@@ -76,12 +88,24 @@ std::vector<long> steps_per_work_tile(const TileConfig& t, const Problem& p) {
   return all;
 }
 
+// Compulsory HBM traffic of the main kernel.
 double compulsory_hbm_bytes(const TileConfig& t, const Problem& p) {
   const double bh = static_cast<double>(p.batch) * p.heads, elem = bytes_per_element(t.dtype);
   const double q = bh * p.seqlen_q * t.d, k = bh * p.seqlen_k * t.d, rows = bh * p.seqlen_q;
   if (t.pass == Pass::fwd) return (2 * q + 2 * k) * elem + rows * 4;  // Q, K, V in; O out; LSE
-  // Q, O, dO, K, V in; dQ, dK, dV out; LSE and D; fp32 dQ accumulator zeroed and read back.
-  return (3 * q + 2 * k + q + 2 * k) * elem + 2 * rows * 4 + 2 * q * 4;
+  // Q, dO, K, V in; dK, dV out; LSE and D in; the fp32 dQ accumulator read into L2 and written back once.
+  return (2 * q + 2 * k + 2 * k) * elem + 2 * rows * 4 + 2 * q * 4;
+}
+
+// HBM traffic of the backward's preprocess and postprocess kernels (fa3.md §4.1, fa4.md §5.1), which run
+// before and after the main kernel and so do not overlap it.
+double aux_kernel_bytes(const TileConfig& t, const Problem& p) {
+  if (t.pass == Pass::fwd) return 0;
+  const double bh = static_cast<double>(p.batch) * p.heads, elem = bytes_per_element(t.dtype);
+  const double q = bh * p.seqlen_q * t.d, rows = bh * p.seqlen_q;
+  const double pre = 2 * q * elem + rows * 4 + 2 * rows * 4 + q * 4;  // read O, dO, LSE; write D, LSE*log2e; zero dQacc
+  const double post = q * 4 + q * elem;                                 // read dQacc, write dQ
+  return pre + post;
 }
 
 }  // namespace
@@ -96,8 +120,10 @@ Prediction predict(const Hardware& hw, const TileConfig& t, const Problem& p, Sc
 
   // A forward work tile runs q_tiles_per_cta tile steps per KV block; the backward one step per Q block.
   const double cycles_per_step = r.time.step * (t.pass == Pass::fwd ? t.q_tiles_per_cta : 1);
+  r.io_cycles = work_tile_io_cycles(hw, r.tile);
   std::vector<double> work;
-  for (long steps : steps_per_work_tile(t, p)) work.push_back(steps > 0 ? steps * cycles_per_step + r.time.fill : 0);
+  for (long steps : steps_per_work_tile(t, p))
+    work.push_back(steps > 0 ? steps * cycles_per_step + r.time.fill + r.io_cycles : 0);
   r.work_tiles = static_cast<long>(work.size());
   double total_work = 0;
   for (double w : work) total_work += w;
@@ -108,9 +134,12 @@ Prediction predict(const Hardware& hw, const TileConfig& t, const Problem& p, Sc
             (t.pass == Pass::bwd ? 2.5 : 1);
   const double hz = hw.clock_ghz.value * 1e9;
   r.compute_seconds = r.makespan_cycles / hz;
+  const double hbm_bytes_per_s = hw.hbm_tb_per_s.value * 1e12 * kEfficiency.hbm_achieved;
   r.hbm_bytes = compulsory_hbm_bytes(t, p);
-  r.hbm_seconds = r.hbm_bytes / (hw.hbm_tb_per_s.value * 1e12);
-  const double seconds = std::max(r.compute_seconds, r.hbm_seconds);
+  r.hbm_seconds = r.hbm_bytes / hbm_bytes_per_s;
+  r.aux_bytes = aux_kernel_bytes(t, p);
+  r.aux_seconds = r.aux_bytes / hbm_bytes_per_s;
+  const double seconds = std::max(r.compute_seconds, r.hbm_seconds) + r.aux_seconds;
   r.tflops = seconds > 0 ? r.flops / seconds / 1e12 : 0;
   r.tile_bound_tflops = r.tile.flops / r.tile.bound_cycles * hw.sm_count.value * hz / 1e12;
   return r;

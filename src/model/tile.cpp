@@ -63,6 +63,7 @@ TileConfig default_tile(Gpu gpu, Pass pass, int d, bool causal, DType dtype) {
       else if (d <= 128) t.m = causal ? 64 : 80, t.n = 128;
       else if (d <= 192) t.m = 64, t.n = 96, t.p_in_smem = true;  // everything SS above hdim 128
       else t.m = 64, t.n = 80, t.p_in_smem = true;
+      t.mask_every_step = causal && d > 64;  // SeparateMaskingIterations = hdim <= 64 (fa3.md §4.5)
     }
     return t;
   }
@@ -140,10 +141,18 @@ TileCost tile_cost(const Hardware& hw, const TileConfig& t) {
     c.smem_exchange_bytes = ctas == 2 ? 3 * score_elements * elem / 2 : 0;
     c.smem_dq_bytes = 2 * (M / ctas) * d * fp32;  // dQ partial written to SMEM, read by the bulk reduce-add
     c.mufu_cycles = score_elements / hw.mufu_exp2_per_clk.value;  // the backward never emulates (fa4.md §3.3)
-    c.alu_instructions = score_elements * (op.exp_issue + op.scale_subtract + 2 * op.fp32_op + 2 * op.convert);
+    // Causal mask, when applied on every step: per element a compare against the row limit and a select
+    // (ISETP + FSEL, fa3.md §4.5 / hopper/mask.h); masking only the diagonal steps is not counted.
+    constexpr double kMaskOps = 2;
+    c.alu_instructions = score_elements * (op.exp_issue + op.scale_subtract + 2 * op.fp32_op + 2 * op.convert +
+                                           (t.mask_every_step ? kMaskOps : 0));
     if (tmem)  // S, dP (fp32) written and read; P, dS written and read; dV, dK accumulated; dQ out
       c.tmem_bytes = score_elements * (2 * 2 * fp32 + 2 * 2 * elem) + 2 * N * d * fp32 * 2 + (M / ctas) * d * fp32 * 2;
     c.load_bytes = 2 * M * d * elem / ctas + 2 * M * fp32 + (M / ctas) * d * fp32;  // Q, dO, LSE, D; dQ reduce-add
+    c.prologue_bytes = 2 * N * d * elem + 2 * M * d * elem / ctas + 2 * M * fp32;  // K, V; first Q, dO, LSE, D
+    c.epilogue_bytes = 2 * N * d * elem + (M / ctas) * d * fp32;                   // dK, dV; last dQ partial
+    c.epilogue_smem_bytes = 2 * N * d * elem;
+    c.epilogue_alu_instructions = N * d * op.fp32_op + 2 * N * d * op.convert;  // dK scale; dK, dV packs
   }
   const double mma_rate = t.dtype == DType::fp8 ? hw.mma_fp8_flop_per_clk.value : hw.mma_flop_per_clk.value;
   c.mma_cycles = c.flops / mma_rate;

@@ -123,8 +123,13 @@ json to_json(const Evaluated& e) {
         {"efficiency", p.wave_efficiency}}},
       {"flops", p.flops},
       {"compute_seconds", p.compute_seconds},
+      {"work_tile_io",
+       {{"prologue_bytes", c.prologue_bytes}, {"epilogue_bytes", c.epilogue_bytes},
+        {"epilogue_smem_bytes", c.epilogue_smem_bytes}, {"cycles", p.io_cycles}}},
       {"hbm_bytes", p.hbm_bytes},
       {"hbm_seconds", p.hbm_seconds},
+      {"aux_kernel_bytes", p.aux_bytes},
+      {"aux_kernel_seconds", p.aux_seconds},
       {"tflops", p.tflops},
       {"tile_bound_tflops", p.tile_bound_tflops},
   };
@@ -148,14 +153,15 @@ void print_prediction_table(const ModelOptions& o, const m::Problem& problem) {
                c.serial_cycles, p.time.step, 100 * p.wave_efficiency, p.tflops, p.tile_bound_tflops);
   }
   fmt::print("\nshared-memory and tensor-memory bytes per tile step, global traffic\n");
-  fmt::print("{:<5} | {:>8} {:>8} {:>8} {:>8} | {:>8} | {:>9} | {:>9} {:>8}\n", "gpu", "operand", "staging",
-             "exchange", "dq", "tmem", "load/step", "HBM MB", "HBM ms");
+  fmt::print("{:<5} | {:>8} {:>8} {:>8} {:>8} | {:>8} | {:>9} {:>9} | {:>9} {:>8} {:>8}\n", "gpu", "operand",
+             "staging", "exchange", "dq", "tmem", "load/step", "tile io", "HBM MB", "HBM ms", "aux ms");
   for (const auto& [gpu, t, schedule, p] : evaluated) {
     const m::TileCost& c = p.tile;
-    fmt::print("{:<5} | {:>8.0f} {:>8.0f} {:>8.0f} {:>8.0f} | {:>8.0f} | {:>9.0f} | {:>9.1f} {:>8.3f}\n", m::name(gpu),
-               c.smem_operand_bytes, c.smem_staging_bytes, c.smem_exchange_bytes, c.smem_dq_bytes, c.tmem_bytes,
-               c.load_bytes, p.hbm_bytes / 1e6, p.hbm_seconds * 1e3);
+    fmt::print("{:<5} | {:>8.0f} {:>8.0f} {:>8.0f} {:>8.0f} | {:>8.0f} | {:>9.0f} {:>9.0f} | {:>9.1f} {:>8.3f} {:>8.3f}\n",
+               m::name(gpu), c.smem_operand_bytes, c.smem_staging_bytes, c.smem_exchange_bytes, c.smem_dq_bytes,
+               c.tmem_bytes, c.load_bytes, p.io_cycles, p.hbm_bytes / 1e6, p.hbm_seconds * 1e3, p.aux_seconds * 1e3);
   }
+  fmt::print("(tile io: cycles per backward work tile for its exposed prologue/epilogue; aux: pre/postprocess kernels)\n");
 }
 
 void run_validation(bool as_json) {
