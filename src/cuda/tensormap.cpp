@@ -3,6 +3,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 #include <cuda_runtime.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <mutex>
 #include <string>
@@ -104,7 +105,12 @@ void validate(const TmaTensorSpec& s, uint32_t elem_bytes) {
 
 }  // namespace
 
-CUtensorMap make_tma_tensor_map(const TmaTensorSpec& spec) {
+void make_tma_tensor_map(const TmaTensorSpec& spec, CUtensorMap* out) {
+  if (out == nullptr) fail("out (the CUtensorMap to encode into) is null");
+  if (reinterpret_cast<uintptr_t>(out) % 64 != 0)
+    fail("out (the CUtensorMap to encode into) must be 64-byte aligned, got address " +
+         std::to_string(reinterpret_cast<uintptr_t>(out)) + " (" +
+         std::to_string(reinterpret_cast<uintptr_t>(out) % 64) + " mod 64)");
   CUtensorMapDataType type;
   uint32_t elem_bytes = 2;
   switch (spec.dtype) {
@@ -133,18 +139,17 @@ CUtensorMap make_tma_tensor_map(const TmaTensorSpec& spec) {
     element_strides[i] = 1;
   }
 
-  CUtensorMap map{};
+  // The driver writes all of *out (alignment checked above); nothing here stores to it itself.
   const CUresult r =
-      eps.encode_tiled(&map, type, static_cast<cuuint32_t>(spec.rank), const_cast<void*>(spec.data), dims.data(),
+      eps.encode_tiled(out, type, static_cast<cuuint32_t>(spec.rank), const_cast<void*>(spec.data), dims.data(),
                        strides.data(), box.data(), element_strides.data(), CU_TENSOR_MAP_INTERLEAVE_NONE,
                        to_driver(spec.swizzle), CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     const char* msg = nullptr;
-    if (eps.error_string != nullptr) eps.error_string(r, &msg);
+    if (eps.error_string == nullptr || eps.error_string(r, &msg) != CUDA_SUCCESS) msg = nullptr;
     fail("cuTensorMapEncodeTiled failed with error " + std::to_string(static_cast<int>(r)) +
          (msg != nullptr ? std::string(" (") + msg + ")" : std::string()));
   }
-  return map;
 }
 
 }  // namespace fa4::cuda

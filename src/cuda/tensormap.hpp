@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 
 #include "fa4/fa4.hpp"
 
@@ -29,8 +30,29 @@ struct TmaTensorSpec {
   TmaSwizzle swizzle = TmaSwizzle::b128;              // box[0]·element size must not exceed the swizzle span
 };
 
-// Encodes the map: interleave none, element strides 1, L2 promotion 128B, out-of-bounds elements filled with
-// zeros. Throws fa4::Error(Status::cuda_error, ...) naming the offending field, or the driver's error.
-CUtensorMap make_tma_tensor_map(const TmaTensorSpec& spec);
+// Encodes the map into *out: interleave none, element strides 1, L2 promotion 128B, out-of-bounds elements
+// filled with zeros. Throws fa4::Error(Status::cuda_error, ...) naming the offending field, or the driver's
+// error; *out is unspecified after a throw.
+//
+// `out` must be 64-byte aligned (the driver requires it of the tensor map; a named CUtensorMap variable, a
+// member of an aligned struct or a __grid_constant__ parameter is). It is checked, and a misaligned `out` throws.
+// The map is an out-parameter, not a return value, on purpose: g++ 13 gives the hidden return slot of a call
+// whose result is discarded, `(void)make(...)`, only 16-byte alignment although CUtensorMap is alignas(64)
+// (reproduced with g++ 13.3 and nvcc 13.0), and code compiled with -march=native may write the map there with
+// aligned vector stores -- a SIGSEGV, as on the H200 (device-check run 6, GpuTma.BadArgumentsNameTheField).
+void make_tma_tensor_map(const TmaTensorSpec& spec, CUtensorMap* out);
+
+// By-value convenience (`m.map = make_tma_tensor_map(spec);`), safe against the misaligned return slot above:
+// the map is encoded into an aligned local and copied out through a pointer whose alignment the compiler cannot
+// assume (the asm hides it), so the copy uses unaligned moves. Prefer the out-parameter form in new code.
+[[nodiscard]] inline CUtensorMap make_tma_tensor_map(const TmaTensorSpec& spec) {
+  alignas(64) CUtensorMap encoded;
+  make_tma_tensor_map(spec, &encoded);
+  CUtensorMap result;
+  unsigned char* dst = reinterpret_cast<unsigned char*>(&result);
+  asm("" : "+r"(dst));  // the return slot may be only 16-byte aligned (g++ 13); do not let memcpy assume 64
+  std::memcpy(dst, &encoded, sizeof(CUtensorMap));
+  return result;
+}
 
 }  // namespace fa4::cuda

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -41,10 +42,19 @@ using fa4::ptx::WgmmaInput;
 std::string launch_diagnosis(cudaError_t e) {
   std::string s = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
   if (e == cudaErrorLaunchFailure || e == cudaErrorIllegalInstruction)
-    s += " -- a trap: most likely an mbarrier wait exceeded FA4_MBARRIER_TIMEOUT_NS (a lost arrival or a wrong "
-         "expect_tx byte count), or wgmma reached on a non-sm_90a device";
+    s += " -- a trap: an mbarrier wait exceeded FA4_MBARRIER_TIMEOUT_NS (a lost arrival or a wrong expect_tx byte "
+         "count; only after that timeout), or an instruction the hardware rejected (e.g. TMA coordinates or "
+         "alignment, wgmma on a non-sm_90a device; at once)";
   return s;
 }
+
+// Progress line, flushed at once: a step that kills the process (a signal) still leaves the last step in the log.
+#define STEP(...)                                                 \
+  do {                                                            \
+    std::printf("    [step] " __VA_ARGS__);                       \
+    std::printf("\n");                                            \
+    std::fflush(stdout);                                          \
+  } while (0)
 
 #define CUDA_OK(expr)                                                      \
   do {                                                                     \
@@ -52,13 +62,17 @@ std::string launch_diagnosis(cudaError_t e) {
     ASSERT_EQ(e_, cudaSuccess) << #expr << " -> " << launch_diagnosis(e_); \
   } while (0)
 
-// Launch error, then execution error.
-#define KERNEL_OK(what)                                                             \
-  do {                                                                              \
-    const cudaError_t l_ = cudaGetLastError();                                      \
-    ASSERT_EQ(l_, cudaSuccess) << (what) << " launch: " << launch_diagnosis(l_);    \
-    const cudaError_t s_ = cudaDeviceSynchronize();                                 \
-    ASSERT_EQ(s_, cudaSuccess) << (what) << " execution: " << launch_diagnosis(s_); \
+// Launch error, then execution error, with the time the failing kernel ran: a watchdog trap comes only after
+// FA4_MBARRIER_TIMEOUT_NS (4 s); a failure within milliseconds is the hardware rejecting an instruction (e.g. a
+// TMA with unsupported coordinates or alignment), not a lost arrival.
+#define KERNEL_OK(what)                                                                                      \
+  do {                                                                                                       \
+    const cudaError_t l_ = cudaGetLastError();                                                               \
+    ASSERT_EQ(l_, cudaSuccess) << (what) << " launch: " << launch_diagnosis(l_);                             \
+    const auto t0_ = std::chrono::steady_clock::now();                                                       \
+    const cudaError_t s_ = cudaDeviceSynchronize();                                                          \
+    const double ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0_).count(); \
+    ASSERT_EQ(s_, cudaSuccess) << (what) << " execution (failed after " << ms_ << " ms): " << launch_diagnosis(s_); \
   } while (0)
 
 template <class T>
@@ -230,6 +244,9 @@ struct TmaCase {
 
 void run_tma_case(const TmaCase& tc) {
   SCOPED_TRACE(tc.name);
+  // Boxes start inside the tensor and may run past its END (the seqlen tails of the kernels); a negative start
+  // is outside fa4's TMA contract (src/cuda/ptx/tma.cuh).
+  for (int d = 0; d < tc.rank; ++d) ASSERT_GE(tc.at[d], 0) << "dimension " << d << ": negative box start";
   uint64_t elems = 1;
   for (auto d : tc.dims) elems *= d;
   const auto host = random_matrix(WgmmaInput::bf16, elems, 7);
@@ -253,10 +270,12 @@ void run_tma_case(const TmaCase& tc) {
     spec.box[d] = tc.box[d];
     box_elems *= tc.box[d];
   }
+  CUtensorMap load_map, store_map;  // named variables: 64-byte aligned (tensormap.hpp)
+  STEP("%s: encode the load and store tensor maps", tc.name);
   spec.data = src.ptr;
-  const CUtensorMap load_map = fa4::cuda::make_tma_tensor_map(spec);
+  fa4::cuda::make_tma_tensor_map(spec, &load_map);
   spec.data = dst.ptr;
-  const CUtensorMap store_map = fa4::cuda::make_tma_tensor_map(spec);
+  fa4::cuda::make_tma_tensor_map(spec, &store_map);
 
   const uint32_t box_bytes = box_elems * 2;
   DeviceBuffer<uint8_t> image(box_bytes);
@@ -266,6 +285,7 @@ void run_tma_case(const TmaCase& tc) {
   auto kernel = tc.rank == 2 ? tma_roundtrip_kernel<2> : tma_roundtrip_kernel<4>;
   ASSERT_TRUE(tc.rank == 2 || tc.rank == 4);
   CUDA_OK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  STEP("%s: launch (box at %d, %d, ...)", tc.name, at.c[0], at.c[1]);
   kernel<<<1, 128, smem>>>(load_map, store_map, at, box_bytes, image.ptr);
   KERNEL_OK(tc.name);
 
@@ -313,10 +333,17 @@ void run_tma_case(const TmaCase& tc) {
 
 TEST(GpuTma, Load2dTileThroughSw128AndZeroFillPastTheEnd) {
   REQUIRE_TMA();
-  // [200 rows][104 cols] bf16 (row stride 208 B = 13·16); 64×64 boxes.
+  // [200 rows][104 cols] bf16 (row stride 208 B = 13·16); 64×64 boxes. Every element of the swizzled shared-memory
+  // image is decoded on the host (sw128_offset) and compared: in-bounds ones with the source, out-of-bounds ones
+  // with 0 (the buffer is poisoned with 0xA5 first), so a wrong swizzle decode or a missing zero fill fails.
   run_tma_case({"2d interior box at (col 0, row 64)", 2, {104, 200}, {64, 64}, {0, 64}});
   run_tma_case({"2d box over both ends at (col 64, row 192)", 2, {104, 200}, {64, 64}, {64, 192}});
-  run_tma_case({"2d box before the start at (col -8, row -5)", 2, {104, 200}, {64, 64}, {-8, -5}});
+  // The kernels' case: a Q/K/V tile of head dim 64 whose rows run past seqlen 77 (odd, so the tail is not a
+  // multiple of the 8-row swizzle repeat): rows 77..127 of the box must arrive as zeros.
+  run_tma_case({"2d seqlen tail at (col 0, row 64) of [77][64]: rows 77.. zero", 2, {64, 77}, {64, 64}, {0, 64}});
+  // Not tested: a box starting before the tensor (negative coordinates). fa4's kernels never issue one, and on
+  // the H200 (driver 580) a 2D SW128 load/store at (-8, -5) raised cudaErrorIllegalInstruction in thread 0
+  // within milliseconds (not the mbarrier watchdog), so fa4 does not rely on it (src/cuda/ptx/tma.cuh).
 }
 
 TEST(GpuTma, Load4dQLayoutTileAndSeqlenTail) {
@@ -334,6 +361,9 @@ TEST(GpuTma, Load4dQLayoutTileAndSeqlenTail) {
 }
 
 TEST(GpuTma, BadArgumentsNameTheField) {
+  // No kernel runs here, but the final, valid encode calls the driver: skip where there is no TMA.
+  REQUIRE_TMA();
+  STEP("allocate the tensor");
   DeviceBuffer<uint16_t> buf(1 << 16);
   ASSERT_NE(buf.ptr, nullptr);
   fa4::cuda::TmaTensorSpec spec;
@@ -342,26 +372,40 @@ TEST(GpuTma, BadArgumentsNameTheField) {
   spec.dims = {128, 256};
   spec.strides_bytes = {2, 256};
   spec.box = {128, 64};  // 256 bytes: wider than the 128-byte swizzle span
-  auto expect_error = [&](const char* needle) {
+  CUtensorMap map;       // a named variable: 64-byte aligned (tensormap.hpp)
+  ASSERT_EQ(reinterpret_cast<uintptr_t>(&map) % 64, 0u) << "the compiler did not align a CUtensorMap variable";
+  auto expect_error = [&](const char* needle, CUtensorMap* out) {
+    SCOPED_TRACE(needle);
+    STEP("bad spec: expect an error naming \"%s\"", needle);
     try {
-      (void)fa4::cuda::make_tma_tensor_map(spec);
+      fa4::cuda::make_tma_tensor_map(spec, out);
       ADD_FAILURE() << "no error for " << needle;
     } catch (const fa4::Error& e) {
       EXPECT_EQ(e.code(), fa4::Status::cuda_error);
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  expect_error("box[0]");
+  expect_error("box[0]", &map);
   spec.box = {64, 300};
-  expect_error("box[1]");
+  expect_error("box[1]", &map);
   spec.box = {64, 64};
   spec.strides_bytes = {2, 200};
-  expect_error("strides_bytes[1]");
+  expect_error("strides_bytes[1]", &map);
   spec.strides_bytes = {2, 256};
   spec.dtype = fa4::DType::f32;
-  expect_error("dtype");
+  expect_error("dtype", &map);
   spec.dtype = fa4::DType::bf16;
-  (void)fa4::cuda::make_tma_tensor_map(spec);  // the fixed spec encodes
+  // The spec is valid now; only the output is wrong. The misaligned pointer is checked, never written through.
+  alignas(64) unsigned char raw[sizeof(CUtensorMap) + 64];
+  expect_error("64-byte aligned", reinterpret_cast<CUtensorMap*>(raw + 16));
+  expect_error("null", nullptr);
+  STEP("valid spec: encode through the driver");
+  try {
+    fa4::cuda::make_tma_tensor_map(spec, &map);
+  } catch (const fa4::Error& e) {
+    ADD_FAILURE() << "the valid spec did not encode: " << e.what();
+  }
+  STEP("done");
 }
 
 // ---- (b) wgmma ----------------------------------------------------------------------------------------------
@@ -763,7 +807,8 @@ void run() {
   spec.dims = {uint64_t(kTileCols), rows};
   spec.strides_bytes = {2, kTileCols * 2};
   spec.box = {uint32_t(kTileCols), uint32_t(kTileRows)};
-  const CUtensorMap map = fa4::cuda::make_tma_tensor_map(spec);
+  CUtensorMap map;  // a named variable: 64-byte aligned (tensormap.hpp)
+  fa4::cuda::make_tma_tensor_map(spec, &map);
 
   const size_t smem = size_t(Stages) * kTileBytes + 1024;
   ASSERT_TRUE(set_smem(ring_kernel<Stages, Mode>, smem));

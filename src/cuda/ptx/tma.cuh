@@ -10,9 +10,15 @@
 
 namespace fa4::ptx {
 
-// Coordinates are in elements, innermost dimension first, and may be negative or run past the tensor's end:
-// those box elements are filled with zeros. `smem_dst` must be aligned for the map's swizzle (1024 bytes for
-// 128B). Completion is signalled as transaction bytes on `bar` (arm it with mbarrier_arrive_expect_tx).
+// Coordinates are in elements, innermost dimension first. fa4's contract: every coordinate is >= 0 and the
+// innermost one is a multiple of 16 bytes (the kernels use multiples of 64 elements); a box may run past the
+// tensor's END in any dimension, and those elements arrive as zeros (PTX ISA 5.5.3.3, "Out of Boundary Access").
+// Completion is signalled as transaction bytes on `bar` (arm it with mbarrier_arrive_expect_tx) and counts the
+// FULL box, zero-filled part included -- as FA3 does, arming every load, tails included, with the whole tile's
+// bytes (hopper/mainloop_fwd_sm90_tma_gmma_ws.hpp, TmaTransactionBytesQ/K/V); the GPU tests check it.
+// Negative starts are not used: the PTX ISA types the coordinates .s32, but an H200 run (driver 580) of a 2D
+// SW128 load + store at (-8, -5) raised cudaErrorIllegalInstruction at once (device-check run 6).
+// `smem_dst` must be aligned for the map's swizzle (1024 bytes for 128B).
 // Rank is a template parameter because the instruction's dimensionality is part of the opcode.
 template <int Rank>
 __device__ __forceinline__ void tma_load(void* smem_dst, const CUtensorMap* map, const int32_t (&coords)[Rank],
@@ -21,7 +27,8 @@ __device__ __forceinline__ void tma_load(void* smem_dst, const CUtensorMap* map,
   ::cuda::ptx::cp_async_bulk_tensor(::cuda::ptx::space_shared, ::cuda::ptx::space_global, smem_dst, map, coords, bar);
 }
 
-// Writes the box from shared memory; elements outside the tensor are not written. The source must have been
+// Writes the box from shared memory; elements past the tensor's end are not written (coordinates as for
+// tma_load: non-negative, innermost 16-byte aligned). The source must have been
 // made visible to the async proxy (fence_proxy_async_shared_cta + a barrier) before this is issued.
 template <int Rank>
 __device__ __forceinline__ void tma_store(const CUtensorMap* map, const int32_t (&coords)[Rank], const void* smem_src) {
