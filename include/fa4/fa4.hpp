@@ -16,6 +16,10 @@
 #include <stdexcept>
 #include <string>
 
+// The CUDA runtime's stream struct, declared at global scope as cuda_runtime.h declares it, so that fa4::Stream
+// is the same type (and mangles the same) whether or not a translation unit includes the CUDA headers.
+struct CUstream_st;
+
 namespace fa4 {
 
 enum class DType : int32_t { f32 = 0, f16 = 1, bf16 = 2, f64 = 3 };
@@ -30,7 +34,7 @@ const char* to_string(Status status);
 std::size_t element_size(DType dtype);
 
 // The stream type of the CUDA runtime, declared without including it (cudaStream_t is CUstream_st*).
-using Stream = struct CUstream_st*;
+using Stream = ::CUstream_st*;
 
 struct Tensor {
   void* data = nullptr;

@@ -4,6 +4,10 @@
 #include "cpu/backend.hpp"
 #include "fa4/fa4.hpp"
 
+#if defined(FA4_WITH_SM90)
+#include "cuda/sm90/launch.hpp"
+#endif
+
 namespace fa4 {
 
 void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
@@ -11,7 +15,13 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
   const detail::Problem p = detail::validate_forward(q, k, v, out, lse, options, workspace, stream);
   switch (detail::require_backend("fa4::forward", p)) {
     case detail::Backend::cpu: cpu::forward(p, q, k, v, out, lse); return;
-    case detail::Backend::cuda: break;
+    case detail::Backend::cuda:
+#if defined(FA4_WITH_SM90)
+      sm90::forward(p, q, k, v, out, lse, stream);
+      return;
+#else
+      break;
+#endif
   }
   throw Error(Status::internal, "fa4::forward: selected backend has no forward");
 }
@@ -37,7 +47,8 @@ Support supports(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, c
     if (pass != Pass::forward && pass != Pass::backward)
       throw Error(Status::invalid_argument, "fa4::supports: argument 'pass': expected forward or backward, got code " +
                                                 std::to_string(static_cast<int>(pass)));
-    detail::validate_inputs("fa4::supports", q, k, v, options);
+    const detail::Problem p = detail::validate_inputs("fa4::supports", q, k, v, options);
+    detail::require_pass("fa4::supports", p, pass);
     return {true, Status::ok, ""};
   } catch (const Error& e) {
     return {false, e.code(), e.what()};

@@ -18,6 +18,7 @@ struct Problem {
   int64_t head_dim = 0;
   DType dtype = DType::f32;
   Device device = Device::cpu;
+  int device_index = 0;  // of q (every tensor is on the same device)
   float scale = 0.0f;  // resolved: the default is 1/sqrt(head_dim)
   float softcap = 0.0f;
   num::Mask mask;

@@ -2,22 +2,71 @@
 
 #include <string>
 
+#if defined(FA4_WITH_SM90)
+#include "cuda/sm90/launch.hpp"
+#endif
+
 namespace fa4::detail {
+namespace {
+
+[[noreturn]] void unsupported(const char* call, const std::string& expected, const std::string& got) {
+  throw Error(Status::unsupported, std::string(call) + ": argument 'q': expected " + expected + ", got " + got);
+}
+
+#if defined(FA4_WITH_SM90)
+// "bf16 d64, bf16 d128, ...": the compiled rows, for messages.
+std::string compiled_kernels() {
+  std::string list;
+#define FA4_KERNEL(arch, pass, dtype, head_dim) \
+  list += std::string(list.empty() ? "" : ", ") + #arch " " #pass " " #dtype " d" #head_dim;
+#include "cuda/instances.def"
+  return list;
+}
+#endif
+
+}  // namespace
 
 Backend require_backend(const char* call, const Problem& p) {
   if (p.device == Device::cpu) return Backend::cpu;  // the CPU backend runs every validated problem
-#if defined(FA4_WITH_CUDA)
-  // src/cuda/instances.def lists the compiled GPU kernels; it is empty until the sm_90a forward lands.
-  throw Error(Status::unsupported, std::string(call) + ": argument 'q': expected cpu tensors (this build of fa4 has "
-                                                      "no CUDA attention kernels yet), got cuda tensors");
+#if defined(FA4_WITH_SM90)
+  const std::string got = std::string("cuda tensors of dtype ") + to_string(p.dtype) + " with head_dim " +
+                          std::to_string(p.head_dim);
+  if (!sm90::has_forward_kernel(p.dtype, p.head_dim))
+    unsupported(call, "a (dtype, head_dim) with a compiled CUDA kernel (" + compiled_kernels() + "; or cpu tensors)",
+                got);
+  if (!sm90::device_is_sm90(p.device_index))
+    unsupported(call, "cuda tensors on a compute capability 9.0 (Hopper) GPU, the only one this build has kernels for",
+                "cuda device " + std::to_string(p.device_index));
+  return Backend::cuda;
+#elif defined(FA4_WITH_CUDA)
+  unsupported(call, "cpu tensors (this build of fa4 has no sm_90a kernels: FA4_CUDA_ARCHS lacks 90a)",
+              "cuda tensors");
 #else
-  throw Error(Status::unsupported, std::string(call) + ": argument 'q': expected cpu tensors (this build of fa4 has "
-                                                      "no CUDA backend; configure with -DFA4_CUDA=ON), got cuda tensors");
+  unsupported(call, "cpu tensors (this build of fa4 has no CUDA backend; configure with -DFA4_CUDA=ON)",
+              "cuda tensors");
+#endif
+}
+
+void require_pass(const char* call, const Problem& p, Pass pass) {
+  if (p.device == Device::cuda && pass == Pass::backward)
+    unsupported(call, "cpu tensors for the backward pass (the CUDA backward is not implemented yet; only the sm_90a "
+                      "forward is)",
+                "cuda tensors");
+}
+
+void require_layout(const char* call, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
+  if (p.device != Device::cuda) return;
+#if defined(FA4_WITH_SM90)
+  sm90::check_tma_layout(call, "q", q);
+  sm90::check_tma_layout(call, "k", k);
+  sm90::check_tma_layout(call, "v", v);
+#else
+  (void)call, (void)q, (void)k, (void)v;
 #endif
 }
 
 std::size_t workspace_bytes(const Problem&, Pass) {
-  return 0;  // the CPU backend keeps its scratch per thread, internally; GPU kernels will report theirs here
+  return 0;  // the CPU backend keeps its scratch per thread, internally; the sm_90a forward needs none
 }
 
 }  // namespace fa4::detail

@@ -136,6 +136,7 @@ Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, cons
   p.heads_kv = k.shape[2];
   p.dtype = q.dtype;
   p.device = q.device;
+  p.device_index = q.device_index;
   if (k.shape[0] != p.batch) invalid(call, "k", "shape[0] (batch) = " + std::to_string(p.batch) + " (as 'q')", shape_string(k));
   if (v.shape[0] != p.batch) invalid(call, "v", "shape[0] (batch) = " + std::to_string(p.batch) + " (as 'q')", shape_string(v));
   if (v.shape[1] != p.seqlen_k) invalid(call, "v", "shape[1] (seqlen_k) = " + std::to_string(p.seqlen_k) + " (as 'k')", shape_string(v));
@@ -177,6 +178,7 @@ Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, cons
   p.deterministic = o.deterministic;
 
   require_backend(call, p);  // the device and dtype must have a backend in this build
+  require_layout(call, p, q, k, v);  // and its kernels must be able to read these strides
   return p;
 }
 
@@ -203,6 +205,7 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
                           const Options& options, Workspace workspace, Stream stream) {
   const char* call = "fa4::backward";
   Problem p = validate_inputs(call, q, k, v, options);
+  require_pass(call, p, Pass::backward);
   check_tensor(call, "out", out, 4);
   check_same_kind(call, "out", out, q, q.dtype);
   check_same_shape(call, "out", out, "q", q);

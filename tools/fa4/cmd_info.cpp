@@ -2,6 +2,8 @@
 #include <fmt/format.h>
 #include <omp.h>
 
+#include <string>
+
 #include "api/device_info.hpp"
 #include "fa4/commands.hpp"
 #include "fa4/fa4.hpp"
@@ -27,7 +29,18 @@ void info() {
     fmt::print("gpu {}     {} (sm_{}{}, {} SMs, {:.0f} GiB)\n", g.index, g.name, g.cc_major, g.cc_minor, g.sms, g.memory_gib);
   fmt::print("kernels   cpu: forward, backward; f32 f16 bf16 (fp32 accumulation), f64 (exact); head_dim 1..256;\n"
              "          causal, window, softcap, GQA/MQA, exp2 emulation k/16, rescale threshold\n");
-  fmt::print("          cuda: none compiled yet (src/cuda/instances.def is empty)\n");
+  // The rows of src/cuda/instances.def; a row's kernel exists when its arch is among the built ones.
+  const std::string archs = detail::built_with_cuda() ? detail::cuda_archs() : "";
+  auto built = [&](std::string arch) { return archs.find(arch.substr(2) + "a") != std::string::npos; };
+  std::string rows;
+#define FA4_KERNEL(arch, pass, dtype, head_dim)                                                      \
+  rows += fmt::format("          cuda: {} {} {} head_dim {}{}\n", #arch, #pass, #dtype, head_dim,   \
+                      built(#arch) ? "" : " (not built: FA4_CUDA_ARCHS lacks it)");
+#include "cuda/instances.def"
+  fmt::print("{}", rows.empty() ? std::string("          cuda: none\n") : rows);
+  if (!rows.empty())
+    fmt::print("          cuda kernels: causal, window, softcap, GQA/MQA, exp2 emulation k/16, rescale threshold "
+               "at run time; forward only\n");
 }
 
 }  // namespace

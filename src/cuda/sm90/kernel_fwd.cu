@@ -1,0 +1,91 @@
+// The sm_90a forward kernel: sets up the barriers, then hands each warpgroup to its role. No math here; the
+// roles live in load.cuh (TMA producer), mma_softmax.cuh (GEMMs, softmax, correction) and epilogue.cuh.
+// Instantiated for the sm90 rows of src/cuda/instances.def, each behind a launch function for launch.cu.
+#include <cuda_runtime.h>
+
+#include "cuda/sm90/epilogue.cuh"
+#include "cuda/sm90/kernel_fwd.hpp"
+#include "cuda/sm90/load.cuh"
+#include "cuda/sm90/mma_softmax.cuh"
+#include "cuda/sm90/scheduler.cuh"
+#include "cuda/sm90/shared_storage.cuh"
+
+namespace fa4::sm90 {
+namespace {
+
+// The role table: warpgroup 0 produces (its warp 0 issues TMA, the other three warps exit at once), the
+// following warpgroups consume (one for now).
+enum class Role { load, mma_softmax_epilogue };
+
+__device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
+
+template <ptx::WgmmaInput In, int HeadDim>
+__global__ void __launch_bounds__(FwdConfig<HeadDim>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+  using Config = FwdConfig<HeadDim>;
+  FwdSharedStorage<HeadDim>& smem = fwd_shared_storage<HeadDim>();
+  if (threadIdx.x == 0) {
+    // K/V fills complete by TMA bytes after the producer's single arrival; a stage is free once every consumer
+    // warp has released it.
+    constexpr uint32_t kReleases = kReleasesPerConsumerWarpgroup * Config::kConsumerWarpgroups;
+    cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kReleases);
+    cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
+    ptx::mbarrier_init(&smem.q_full, 1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  const WorkTile tile = work_tile(p, blockIdx.x);
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  switch (role_of(warpgroup)) {
+    case Role::load:
+      if (threadIdx.x / 32 == 0) load_role<HeadDim>(p, smem, tile);
+      return;
+    case Role::mma_softmax_epilogue: {
+      ptx::WgmmaAccumulator<HeadDim> o;
+      RowState rows;
+      mma_softmax_role<In, HeadDim>(p, smem, tile, o, rows);
+      epilogue_role<In, HeadDim, Config::kBlockM>(p, tile, o, rows);
+      return;
+    }
+  }
+}
+
+template <DType Dtype>
+constexpr ptx::WgmmaInput wgmma_input() {
+  static_assert(Dtype == DType::bf16 || Dtype == DType::f16, "the sm90 kernels take bf16 or fp16");
+  return Dtype == DType::bf16 ? ptx::WgmmaInput::bf16 : ptx::WgmmaInput::f16;
+}
+
+template <DType Dtype, int HeadDim>
+cudaError_t launch_instance(const FwdParams& p, uint32_t grid, cudaStream_t stream) {
+  auto* kernel = fwd_kernel<wgmma_input<Dtype>(), HeadDim>;
+  constexpr uint32_t smem = fwd_smem_bytes<HeadDim>();
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      e != cudaSuccess)
+    return e;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(FwdConfig<HeadDim>::kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+}  // namespace
+
+// Selection among the compiled rows: the X-macro keeps the sm90 forward rows of instances.def.
+#define FA4_IF_sm90(...) __VA_ARGS__
+#define FA4_IF_sm100(...)
+#define FA4_IF_fwd(...) __VA_ARGS__
+#define FA4_KERNEL(arch, pass, dtype, head_dim)                              \
+  FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) return launch_instance<DType::dtype, head_dim>(p, grid, stream);))
+
+cudaError_t launch_fwd_kernel(DType p_dtype, int p_head_dim, const FwdParams& p, uint32_t grid,
+                              cudaStream_t stream) {
+#include "cuda/instances.def"
+  return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch
+}
+
+uint32_t fwd_block_m(int head_dim) { return uint32_t(fwd_tile(head_dim).block_m); }
+
+}  // namespace fa4::sm90

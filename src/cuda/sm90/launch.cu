@@ -1,0 +1,178 @@
+// Host side of the sm_90a forward: tensor maps, kernel parameters, grid; launch on the caller's stream.
+#include "cuda/sm90/launch.hpp"
+
+#include <cuda_runtime.h>
+
+#include <array>
+#include <mutex>
+#include <string>
+
+#include "cuda/sm90/config.hpp"
+#include "cuda/sm90/kernel_fwd.hpp"
+#include "cuda/tensormap.hpp"
+
+namespace fa4::sm90 {
+namespace {
+
+constexpr int kSeq = 1, kHeads = 2, kBatch = 0;  // Tensor dims: [batch, seqlen, heads, head_dim]
+constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
+
+[[noreturn]] void unsupported(const char* call, const std::string& arg, const std::string& expected,
+                              const std::string& got) {
+  throw Error(Status::unsupported,
+              std::string(call) + ": argument '" + arg + "': expected " + expected + ", got " + got);
+}
+
+// A dimension TMA does not step through: broadcast (stride 0) or of size 1. Mapped with extent 1, coordinate 0.
+bool collapsed(const Tensor& t, int dim) { return t.stride[dim] == 0 || t.shape[dim] == 1; }
+
+// Encodes t's map into *map (64-byte aligned: a FwdParams member) and returns the coordinate steps of its heads
+// and batch dims (0 where collapsed).
+struct CoordSteps {
+  int32_t head = 1, batch = 1;
+};
+
+CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUtensorMap* map) {
+  cuda::TmaTensorSpec spec;
+  spec.data = t.data;
+  spec.dtype = t.dtype;
+  spec.rank = 4;
+  spec.swizzle = cuda::TmaSwizzle::b128;
+  const int64_t es = int64_t(element_size(t.dtype));
+  // {head_dim, seqlen, heads, batch}, innermost first; a collapsed dim has extent 1 and a stride that only has to
+  // be legal (it is never stepped).
+  spec.dims = {uint64_t(head_dim), uint64_t(t.shape[kSeq]), collapsed(t, kHeads) ? 1u : uint64_t(t.shape[kHeads]),
+               collapsed(t, kBatch) ? 1u : uint64_t(t.shape[kBatch])};
+  spec.strides_bytes = {uint64_t(es), uint64_t(t.stride[kSeq] * es),
+                        collapsed(t, kHeads) ? 16u : uint64_t(t.stride[kHeads] * es),
+                        collapsed(t, kBatch) ? 16u : uint64_t(t.stride[kBatch] * es)};
+  if (t.shape[kSeq] == 1) spec.strides_bytes[1] = 16;  // one row: never stepped, any legal stride
+  spec.box = {uint32_t(kSw128Columns), box_rows, 1u, 1u, 1u};
+  cuda::make_tma_tensor_map(spec, map);
+  return {collapsed(t, kHeads) ? 0 : 1, collapsed(t, kBatch) ? 0 : 1};
+}
+
+}  // namespace
+
+bool has_forward_kernel(DType dtype, int64_t head_dim) {
+#define FA4_IF_sm90(...) __VA_ARGS__
+#define FA4_IF_sm100(...)
+#define FA4_IF_fwd(...) __VA_ARGS__
+#define FA4_KERNEL(arch, pass, kdtype, kd) FA4_IF_##arch(FA4_IF_##pass(if (dtype == DType::kdtype && head_dim == kd) return true;))
+#include "cuda/instances.def"
+  return false;
+}
+
+bool device_is_sm90(int index) {
+  static std::mutex mu;
+  static std::array<int, 64> cc{};  // 0: not queried yet, -1: query failed
+  if (index < 0 || index >= int(cc.size())) return false;
+  std::lock_guard<std::mutex> lock(mu);
+  if (cc[index] == 0) {
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
+      cudaGetLastError();  // clear a "no device" error
+      cc[index] = -1;
+    } else {
+      cc[index] = major * 10 + minor;
+    }
+  }
+  return cc[index] == 90;
+}
+
+void check_tma_layout(const char* call, const char* name, const Tensor& t) {
+  const std::string n(name);
+  if (t.numel() == 0) return;  // nothing is loaded
+  if (reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    unsupported(call, n, "a 16-byte aligned data pointer (the sm_90 kernel loads with TMA)",
+                "address " + std::to_string(reinterpret_cast<uintptr_t>(t.data)) + " (" +
+                    std::to_string(reinterpret_cast<uintptr_t>(t.data) % 16) + " bytes past 16-byte alignment)");
+  const int64_t es = int64_t(element_size(t.dtype));
+  const char* dim_names[3] = {"batch", "seqlen", "heads"};
+  for (int dim : {kBatch, kSeq, kHeads}) {
+    const std::string arg = n + ".stride[" + std::to_string(dim) + "]";
+    const int64_t s = t.stride[dim];
+    if (t.shape[dim] == 1) continue;  // never stepped
+    if (s < 0)
+      unsupported(call, arg, std::string("a non-negative ") + dim_names[dim] + " stride (TMA cannot walk backwards)",
+                  std::to_string(s));
+    if (s == 0 && dim == kSeq)
+      unsupported(call, arg, "a non-zero seqlen stride (a broadcast sequence cannot be tiled by TMA)", "0");
+    if (s % (16 / es) != 0)
+      unsupported(call, arg,
+                  "a multiple of " + std::to_string(16 / es) + " elements (16 bytes; the sm_90 kernel loads " +
+                      dim_names[dim] + " steps with TMA)",
+                  std::to_string(s));
+    if (s * es >= (int64_t{1} << 40)) unsupported(call, arg, "a stride below 2^40 bytes (TMA)", std::to_string(s));
+  }
+  if (t.shape[kSeq] > kMaxIndex || t.shape[kHeads] > kMaxIndex || t.shape[kBatch] > kMaxIndex)
+    unsupported(call, n, "batch, seqlen and heads below 2^31 each", "shape [" + std::to_string(t.shape[0]) + ", " +
+                                                                       std::to_string(t.shape[1]) + ", " +
+                                                                       std::to_string(t.shape[2]) + ", ...]");
+}
+
+void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+             const Tensor* lse, Stream stream) {
+  const char* call = "fa4::forward";
+  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;  // no output element
+  const uint32_t block_m = fwd_block_m(int(p.head_dim));
+  const int64_t num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
+  const int64_t ctas = num_m_blocks * p.heads_q * p.batch;
+  if (ctas > kMaxIndex)
+    unsupported(call, "q", "at most 2^31 - 1 query tiles of " + std::to_string(block_m) + " rows (batch·heads·tiles)",
+                std::to_string(ctas));
+
+  FwdParams params;
+  const CoordSteps q_steps = map_tensor(q, p.head_dim, block_m, &params.q_map);
+  params.q_head_step = q_steps.head;
+  params.q_batch_step = q_steps.batch;
+  if (p.seqlen_k > 0) {  // no K/V element: the kernel loads nothing (and the data may be null)
+    const uint32_t block_n = uint32_t(fwd_tile(int(p.head_dim)).block_n);
+    const CoordSteps k_steps = map_tensor(k, p.head_dim, block_n, &params.k_map);
+    const CoordSteps v_steps = map_tensor(v, p.head_dim, block_n, &params.v_map);
+    params.k_head_step = k_steps.head;
+    params.k_batch_step = k_steps.batch;
+    params.v_head_step = v_steps.head;
+    params.v_batch_step = v_steps.batch;
+  }
+  params.out = out.data;
+  params.out_stride_b = out.stride[kBatch];
+  params.out_stride_s = out.stride[kSeq];
+  params.out_stride_h = out.stride[kHeads];
+  params.out_pairs_aligned = reinterpret_cast<uintptr_t>(out.data) % 4 == 0 && out.stride[kBatch] % 2 == 0 &&
+                             out.stride[kSeq] % 2 == 0 && out.stride[kHeads] % 2 == 0;
+  if (lse != nullptr) {
+    params.lse = static_cast<float*>(lse->data);
+    params.lse_stride_b = lse->stride[0];
+    params.lse_stride_h = lse->stride[1];
+    params.lse_stride_s = lse->stride[2];
+  }
+  params.seqlen_q = int32_t(p.seqlen_q);
+  params.seqlen_k = int32_t(p.seqlen_k);
+  params.heads_q = int32_t(p.heads_q);
+  params.group = int32_t(p.group());
+  params.batch = int32_t(p.batch);
+  params.num_m_blocks = int32_t(num_m_blocks);
+  params.mask = p.mask;
+  params.score = num::ScoreTransform::make(p.scale, p.softcap);
+  params.rescale_threshold = p.rescale_threshold;
+  params.exp2_emulated_per16 = p.exp2_emulated_per16;
+
+  // Launch on the tensors' device; the caller's current device is restored.
+  int current = 0;
+  if (cudaGetDevice(&current) != cudaSuccess) current = -1;
+  if (current != q.device_index) {
+    if (const cudaError_t e = cudaSetDevice(q.device_index); e != cudaSuccess)
+      throw Error(Status::cuda_error, std::string(call) + ": cudaSetDevice(" + std::to_string(q.device_index) +
+                                          "): " + cudaGetErrorString(e));
+  }
+  const cudaError_t e = launch_fwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(ctas),
+                                          reinterpret_cast<cudaStream_t>(stream));
+  if (current >= 0 && current != q.device_index) cudaSetDevice(current);
+  if (e != cudaSuccess)
+    throw Error(Status::cuda_error, std::string(call) + ": sm_90a forward launch failed: " + cudaGetErrorName(e) +
+                                        " (" + cudaGetErrorString(e) + ")");
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,30 @@
+// The sm_90a forward as the API sees it (host only, no CUDA headers): what is compiled, what a device and a
+// tensor layout must be for it, and the launch. Defined in launch.cu, part of the build only when
+// FA4_CUDA_ARCHS contains 90a (FA4_WITH_SM90).
+#pragma once
+
+#include <cstdint>
+
+#include "api/problem.hpp"
+#include "fa4/fa4.hpp"
+
+namespace fa4::sm90 {
+
+// Whether src/cuda/instances.def has an sm90 forward row for (dtype, head_dim).
+bool has_forward_kernel(DType dtype, int64_t head_dim);
+
+// Whether CUDA device `index` is compute capability 9.0 (the sm_90a kernels run nowhere else). Cached.
+bool device_is_sm90(int index);
+
+// Throws Error(unsupported) naming `name` (e.g. "k.stride[1]") when tensor t cannot be read by TMA: base
+// address 16-byte aligned, non-negative strides, seqlen/heads/batch strides multiples of 8 elements (16
+// bytes) below 2^40 bytes, a seqlen stride of 0 only when seqlen is 1. Stride-0 heads/batch (broadcast) are
+// fine. Also refuses sizes beyond the kernel's 32-bit indices.
+void check_tma_layout(const char* call, const char* name, const Tensor& t);
+
+// Launches the forward on `stream` (asynchronous: no allocation, no synchronisation). The problem has been
+// validated and selected for sm90.
+void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+             const Tensor* lse, Stream stream);
+
+}  // namespace fa4::sm90

@@ -1,0 +1,45 @@
+// What the host hands the sm_90a forward kernel: tensor maps for the TMA loads, plain pointers and strides for
+// the outputs, the problem sizes and the resolved numerics policy. Built once per call by launch.cu, passed as
+// a __grid_constant__ kernel parameter (the tensor maps must stay in parameter space for TMA).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (type only)
+
+#include <cstdint>
+
+#include "numerics/mask.hpp"
+#include "numerics/online_softmax.hpp"
+
+namespace fa4::sm90 {
+
+struct FwdParams {
+  // Rank-4 maps over [batch, seqlen, heads, head_dim] seen innermost first: {head_dim, seqlen, heads, batch},
+  // boxes {64, rows, 1, 1} with the 128-byte swizzle (reference/fa3.md §3.7). A stride-0 (broadcast) heads or
+  // batch dimension is mapped with extent 1; its coordinate is then multiplied by a step of 0 below.
+  CUtensorMap q_map;
+  CUtensorMap k_map;  // unused (never loaded) when seqlen_k == 0
+  CUtensorMap v_map;
+  int32_t q_head_step = 1, q_batch_step = 1;    // TMA coordinate = index · step (0 for a broadcast dim)
+  int32_t k_head_step = 1, k_batch_step = 1;
+  int32_t v_head_step = 1, v_batch_step = 1;
+
+  // O: [batch, seqlen_q, heads, head_dim], element strides, head_dim contiguous. LSE: [batch, heads, seqlen_q].
+  void* out = nullptr;
+  int64_t out_stride_b = 0, out_stride_s = 0, out_stride_h = 0;
+  bool out_pairs_aligned = true;  // base and strides even: a column pair is one aligned 32-bit store
+  float* lse = nullptr;  // null: not requested
+  int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
+
+  int32_t seqlen_q = 0, seqlen_k = 0;
+  int32_t heads_q = 0;
+  int32_t group = 1;  // query heads per kv head: kv head = h / group
+  int32_t batch = 0;
+  int32_t num_m_blocks = 0;  // ceil(seqlen_q / block_m)
+
+  num::Mask mask;
+  num::ScoreTransform score;    // raw q·k -> log2 units (scale, softcap)
+  float rescale_threshold = 8;  // tau, log2 units
+  int32_t exp2_emulated_per16 = 0;
+};
+
+}  // namespace fa4::sm90

@@ -1,0 +1,48 @@
+// The forward kernel's shared memory: the Q tile, the K and V rings, and their barriers. Every tile is stored
+// as [head_dim / 64 chunks][rows][128 bytes], 128B-swizzled, exactly as TMA writes it and wgmma reads it
+// (reference/fa3.md §3.2, §3.3): K and V tiles are the same image, only the wgmma descriptor differs.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/pipeline/pipeline.cuh"
+#include "cuda/ptx/swizzle.hpp"
+#include "cuda/sm90/config.hpp"
+
+namespace fa4::sm90 {
+
+template <int HeadDim>
+struct FwdSharedStorage {
+  using Config = FwdConfig<HeadDim>;
+  alignas(ptx::kSw128Alignment) uint8_t q[Config::kQTileBytes];
+  alignas(ptx::kSw128Alignment) uint8_t k[Config::kStages][Config::kKvTileBytes];
+  alignas(ptx::kSw128Alignment) uint8_t v[Config::kStages][Config::kKvTileBytes];
+  cuda::PipelineBarriers<Config::kStages> k_ring;  // load -> mma: K tile landed / consumers done with it
+  cuda::PipelineBarriers<Config::kStages> v_ring;  // load -> mma: V tile landed / consumers done with it
+  alignas(8) uint64_t q_full;                      // load -> mma: the Q tile landed (one phase per CTA)
+};
+
+// Bytes to request at launch: the struct plus the slack that lets the kernel round the base up to 1024.
+template <int HeadDim>
+constexpr uint32_t fwd_smem_bytes() {
+  return uint32_t(sizeof(FwdSharedStorage<HeadDim>)) + kSmemAlignSlack;
+}
+
+#if defined(__CUDACC__)
+// The dynamic shared-memory base rounded up to the 1024-byte swizzle repeat (the descriptors use base offset 0).
+template <int HeadDim>
+__device__ __forceinline__ FwdSharedStorage<HeadDim>& fwd_shared_storage() {
+  extern __shared__ uint8_t fwd_dynamic_smem[];
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(fwd_dynamic_smem));
+  return *reinterpret_cast<FwdSharedStorage<HeadDim>*>(fwd_dynamic_smem + ((1024u - (addr & 1023u)) & 1023u));
+}
+#endif
+
+template <int HeadDim>
+constexpr bool fwd_smem_fits() {
+  return fwd_smem_bytes<HeadDim>() <= kSmemPerBlockMax;
+}
+static_assert(fwd_smem_fits<64>() && fwd_smem_fits<128>() && fwd_smem_fits<256>(),
+              "a tile-table row does not fit the 227 KiB of shared memory");
+
+}  // namespace fa4::sm90
