@@ -36,6 +36,9 @@ class HostTensor {
   void set(const std::array<int64_t, 4>& idx, double value);
   // All elements in logical row-major order.
   std::vector<double> values() const;
+  // The owned bytes; desc().data points at their start (a device mirror copies them as they are).
+  std::vector<std::byte>& storage() { return bytes_; }
+  const std::vector<std::byte>& storage() const { return bytes_; }
 
  private:
   std::vector<std::byte> bytes_;

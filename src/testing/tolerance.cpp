@@ -65,7 +65,7 @@ std::string CaseSpec::name() const {
   return s.str();
 }
 
-CaseResult run_case(const CaseSpec& spec) {
+CaseResult run_case(const CaseSpec& spec, Executor* executor) {
   const std::array<int64_t, 4> qshape{spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim};
   const std::array<int64_t, 4> kshape{spec.batch, spec.seqlen_k, spec.heads_kv, spec.head_dim};
   const std::array<int64_t, 4> kstore{spec.batch, spec.seqlen_k, spec.broadcast_kv ? 1 : spec.heads_kv, spec.head_dim};
@@ -86,7 +86,10 @@ CaseResult run_case(const CaseSpec& spec) {
   auto lse = HostTensor::make_lse({spec.batch, spec.heads_q, spec.seqlen_q});
   out.poison();
   lse.poison();
-  forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), spec.options);
+  if (executor)
+    executor->forward(q, k, v, out, lse, spec.options);
+  else
+    forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), spec.options);
 
   const detail::Problem p = detail::validate_inputs("fa4::testing", q.desc(), k.desc(), v.desc(), spec.options);
   auto out_ref = HostTensor::make(DType::f64, qshape), out_naive = HostTensor::make(DType::f64, qshape);
@@ -102,7 +105,7 @@ CaseResult run_case(const CaseSpec& spec) {
   r.pass = r.out.pass && r.lse.pass;
   if (!r.out.pass) r.failure = "out: " + r.out.summary();
   else if (!r.lse.pass) r.failure = "lse: " + r.lse.summary();
-  if (!spec.backward) return r;
+  if (!spec.backward || (executor && !executor->has_backward())) return r;
 
   auto dout = HostTensor::make(spec.dtype, qshape, spec.layout);
   dout.fill_normal(spec.seed * 7 + 4);

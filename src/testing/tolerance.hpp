@@ -44,8 +44,19 @@ struct CaseResult {
   std::string failure;  // the first failing tensor and its numbers
 };
 
-// Runs the CPU backend through the public API on the case and checks every output against the fp64
-// reference with the rule above.
-CaseResult run_case(const CaseSpec& spec);
+// Where a case's forward runs: by default the public API on the host tensors (the CPU backend). The CLI's
+// GPU executor mirrors them to device memory, runs there and copies the outputs back.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual const char* name() const = 0;
+  virtual bool has_backward() const = 0;
+  virtual void forward(HostTensor& q, HostTensor& k, HostTensor& v, HostTensor& out, HostTensor& lse,
+                       const Options& options) = 0;
+};
+
+// Runs the case (forward, and backward where the executor has one) through the public API and checks every
+// output against the fp64 reference with the rule above. executor == nullptr: the CPU backend.
+CaseResult run_case(const CaseSpec& spec, Executor* executor = nullptr);
 
 }  // namespace fa4::testing

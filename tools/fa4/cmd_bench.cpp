@@ -8,6 +8,8 @@
 
 #include "fa4/commands.hpp"
 #include "fa4/common.hpp"
+#include "fa4/gpu.hpp"
+#include "api/device_info.hpp"
 
 namespace fa4::cli {
 namespace {
@@ -21,6 +23,7 @@ struct BenchArgs {
   int64_t batch = 1, heads = 16;
   int iters = 3;
   std::string json_path, commit = "unknown";
+  std::string backend = "cpu";
 };
 
 std::string cpu_model() {
@@ -33,6 +36,9 @@ std::string cpu_model() {
 
 void bench(const BenchArgs& a) {
   using nlohmann::json;
+  const bool cuda = a.backend == "cuda";
+  if (cuda && !gpu::unavailable_reason().empty())
+    throw Error(Status::unsupported, "fa4 bench: --backend cuda: " + gpu::unavailable_reason());
   json rows = json::array();
   const int total = static_cast<int>(a.passes.size() * a.dtypes.size() * a.seqlens.size() * a.head_dims.size() * a.masks.size());
   Progress progress("bench", total);
@@ -55,25 +61,39 @@ void bench(const BenchArgs& a) {
           for (const auto& pass_name : a.passes) {
             const Pass pass = pass_name == "fwd" ? Pass::forward : Pass::backward;
             progress.step(fmt::format("{} {} d={} s={} {}", pass_name, dt, d, s, mask));
-            auto once = [&] {
-              if (pass == Pass::forward)
-                forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);
-              else
-                backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), o);
-            };
-            forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);  // warm-up, and O/LSE for backward
-            std::vector<double> times;
-            for (int i = 0; i < a.iters; ++i) {
-              const double t0 = now_seconds();
-              once();
-              times.push_back(now_seconds() - t0);
+            double sec = 0;
+            if (cuda) {
+              // Kernel time with CUDA events (inputs stay in device memory; this is not the peer benchmark:
+              // bench/gpu_bench.py rotates inputs beyond L2 and times the peers in the same process).
+              const gpu::Mirror mq(q), mk(k), mv(v), mo(out), ml(lse);
+              const Support sup = supports(pass, mq.desc(), mk.desc(), mv.desc(), o);
+              if (!sup.ok) {
+                fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} not run: {}\n", pass_name, dt, d, s, a.batch, a.heads,
+                           mask, sup.reason);
+                continue;
+              }
+              sec = gpu::median_ms([&] { forward(mq.desc(), mk.desc(), mv.desc(), mo.desc(), &ml.desc(), o); }, a.iters) * 1e-3;
+            } else {
+              auto once = [&] {
+                if (pass == Pass::forward)
+                  forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);
+                else
+                  backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), o);
+              };
+              forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);  // warm-up, and O/LSE for backward
+              std::vector<double> times;
+              for (int i = 0; i < a.iters; ++i) {
+                const double t0 = now_seconds();
+                once();
+                times.push_back(now_seconds() - t0);
+              }
+              sec = median(times);
             }
-            const double sec = median(times);
             const double tflops = attention_flops(a.batch, a.heads, s, s, d, o, pass) / sec / 1e12;
-            fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11.2f} {:>9.4f}\n", pass_name, dt, d, s, a.batch, a.heads,
+            fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11.3f} {:>9.4f}\n", pass_name, dt, d, s, a.batch, a.heads,
                        mask, sec * 1e3, tflops);
             std::fflush(stdout);
-            rows.push_back({{"impl", "fa4-cpu"}, {"dtype", dt}, {"d", d}, {"seqlen", s}, {"batch", a.batch},
+            rows.push_back({{"impl", cuda ? "fa4-cuda" : "fa4-cpu"}, {"dtype", dt}, {"d", d}, {"seqlen", s}, {"batch", a.batch},
                             {"heads", a.heads}, {"causal", o.causal}, {"pass", pass_name}, {"tflops", tflops},
                             {"ms", sec * 1e3}});
           }
@@ -82,7 +102,7 @@ void bench(const BenchArgs& a) {
     char date[32];
     const std::time_t now = std::time(nullptr);
     std::strftime(date, sizeof date, "%Y-%m-%d", std::gmtime(&now));
-    json doc = {{"commit", a.commit}, {"gpu", nullptr}, {"host", fmt::format("{} ({} threads)", cpu_model(), omp_get_max_threads())},
+    json doc = {{"commit", a.commit}, {"gpu", cuda ? json(detail::cuda_devices()[0].name) : json(nullptr)}, {"host", fmt::format("{} ({} threads)", cpu_model(), omp_get_max_threads())},
                 {"date", date}, {"rows", rows}};
     std::ofstream(a.json_path) << doc.dump(2) << "\n";
     fmt::print("wrote {}\n", a.json_path);
@@ -104,6 +124,7 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--iters", a->iters, "timed iterations (median)")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--json", a->json_path, "write results to this JSON file");
   cmd->add_option("--commit", a->commit, "commit id recorded in the JSON");
+  cmd->add_option("--backend", a->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   cmd->callback([a] { bench(*a); });
 }
 

@@ -5,6 +5,7 @@
 #include "api/device_info.hpp"
 #include "fa4/commands.hpp"
 #include "fa4/common.hpp"
+#include "fa4/gpu.hpp"
 #include "testing/tolerance.hpp"
 
 namespace fa4::cli {
@@ -51,24 +52,39 @@ std::vector<testing::CaseSpec> check_matrix(bool quick) {
 void check(bool quick) {
   const auto cases = check_matrix(quick);
   fmt::print("fa4 check: {} cases per backend, fp64 reference, FlashAttention's tolerance rule\n", cases.size());
-  if (detail::built_with_cuda() && !detail::cuda_devices().empty())
-    fmt::print("backend cuda: SKIPPED (this build has no CUDA attention kernels yet)\n");
+  std::vector<testing::Executor*> backends{nullptr};  // nullptr: the CPU backend
+  gpu::Executor cuda;
+  const std::string no_gpu = gpu::unavailable_reason();
+  if (no_gpu.empty())
+    backends.push_back(&cuda);
   else
-    fmt::print("backend cuda: SKIPPED ({})\n", detail::built_with_cuda() ? "no GPU found" : "built without CUDA");
+    fmt::print("backend cuda: SKIPPED ({})\n", no_gpu);
   fmt::print("\n{:<8} {:<58} {:<6} {}\n", "backend", "case", "result", "worst margin (max_err / bound)");
-  int failed = 0;
-  Progress progress("check", static_cast<int>(cases.size()));
-  for (const auto& c : cases) {
-    progress.step(c.name());
-    const testing::CaseResult r = testing::run_case(c);
-    double margin = 0;
-    for (const auto* cmp : {&r.out, &r.lse, &r.dq, &r.dk, &r.dv})
-      if (cmp->bound > 0) margin = std::max(margin, cmp->max_error / cmp->bound);
-    fmt::print("{:<8} {:<58} {:<6} {:.3f}{}\n", "cpu", c.name() + " fwd+bwd", r.pass ? "PASS" : "FAIL", margin,
-               r.pass ? "" : "  " + r.failure);
-    failed += !r.pass;
+  int failed = 0, passed = 0, skipped = 0;
+  Progress progress("check", static_cast<int>(cases.size() * backends.size()));
+  for (testing::Executor* backend : backends) {
+    const char* name = backend ? backend->name() : "cpu";
+    for (const auto& c : cases) {
+      progress.step(c.name());
+      testing::CaseResult r;
+      try {
+        r = testing::run_case(c, backend);
+      } catch (const Error& e) {
+        if (e.code() != Status::unsupported) throw;
+        fmt::print("{:<8} {:<58} {:<6} {}\n", name, c.name(), "SKIP", e.what());  // not counted as a pass
+        ++skipped;
+        continue;
+      }
+      double margin = 0;
+      for (const auto* cmp : {&r.out, &r.lse, &r.dq, &r.dk, &r.dv})
+        if (cmp->bound > 0) margin = std::max(margin, cmp->max_error / cmp->bound);
+      const bool bwd = c.backward && (!backend || backend->has_backward());
+      fmt::print("{:<8} {:<58} {:<6} {:.3f}{}\n", name, c.name() + (bwd ? " fwd+bwd" : " fwd"), r.pass ? "PASS" : "FAIL",
+                 margin, r.pass ? "" : "  " + r.failure);
+      (r.pass ? passed : failed) += 1;
+    }
   }
-  fmt::print("\n{} of {} passed\n", cases.size() - failed, cases.size());
+  fmt::print("\n{} passed, {} failed, {} skipped (unsupported on that backend)\n", passed, failed, skipped);
   if (failed) set_exit_code(1);
 }
 

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <memory>
 #include <random>
 
 #include "api/device_info.hpp"
@@ -10,13 +11,14 @@
 #include "cpu/reference.hpp"
 #include "fa4/commands.hpp"
 #include "fa4/common.hpp"
+#include "fa4/gpu.hpp"
 
 namespace fa4::cli {
 namespace {
 
 struct RunArgs {
   ProblemArgs problem;
-  std::string pass = "both";
+  std::string pass = "auto";  // auto: forward, and backward where the backend has one
   std::string backend = "auto";
   int iters = 3;
   int check_rows = 8;
@@ -35,30 +37,7 @@ double row_tolerance(DType dtype) {
   return 0;
 }
 
-Device pick_backend(const std::string& requested, std::string& why) {
-  const auto gpus = detail::cuda_devices();
-  if (requested == "cpu") {
-    why = "requested";
-    return Device::cpu;
-  }
-  if (requested == "cuda") {
-    why = "requested";
-    return Device::cuda;
-  }
-  if (!detail::built_with_cuda())
-    why = "built without CUDA";
-  else if (gpus.empty())
-    why = "no GPU found";
-  else
-    why = fmt::format("{} found, but this build has no CUDA attention kernels yet", gpus[0].name);
-  return Device::cpu;
-}
-
 void run(const RunArgs& a) {
-  std::string why;
-  const Device device = pick_backend(a.backend, why);
-  if (device == Device::cuda)
-    throw Error(Status::unsupported, "fa4 run: --backend cuda: this build has no CUDA attention kernels yet (use --backend cpu)");
   const ProblemArgs& pa = a.problem;
   const DType dtype = parse_dtype(pa.dtype);
   const auto layout = parse_layout(pa.layout);
@@ -73,10 +52,31 @@ void run(const RunArgs& a) {
   out.poison();
   lse.poison();
   const detail::Problem prob = detail::validate_inputs("fa4 run", q.desc(), k.desc(), v.desc(), opts);
+  const bool require_bwd = a.pass == "bwd" || a.pass == "both";
 
+  // The best available backend: the GPU when its kernels run every requested pass of this problem.
+  Device device = Device::cpu;
+  std::string why = a.backend == "cpu" ? "requested" : gpu::unavailable_reason();
+  std::unique_ptr<gpu::Mirror> dq_, dk_, dv_, dout_, dlse_;
+  bool gpu_bwd = false;
+  if (a.backend != "cpu" && why.empty()) {
+    dq_ = std::make_unique<gpu::Mirror>(q), dk_ = std::make_unique<gpu::Mirror>(k), dv_ = std::make_unique<gpu::Mirror>(v);
+    const Support fwd = supports(Pass::forward, dq_->desc(), dk_->desc(), dv_->desc(), opts);
+    const Support bwd = supports(Pass::backward, dq_->desc(), dk_->desc(), dv_->desc(), opts);
+    gpu_bwd = bwd.ok;
+    if (!fwd.ok)
+      why = fwd.reason;
+    else if (require_bwd && !bwd.ok)
+      why = bwd.reason;
+    else
+      device = Device::cuda, why = detail::cuda_devices()[0].name;
+  }
+  if (a.backend == "cuda" && device != Device::cuda) throw Error(Status::unsupported, "fa4 run: --backend cuda: " + why);
+  if (device == Device::cuda) dout_ = std::make_unique<gpu::Mirror>(out), dlse_ = std::make_unique<gpu::Mirror>(lse);
   fmt::print("backend   {} ({})\n", to_string(device), why);
   fmt::print("problem   {}\n", pa.shape_string());
-  const bool do_fwd = true, do_bwd = a.pass != "fwd";
+  const bool do_fwd = true, do_bwd = a.pass != "fwd" && (device == Device::cpu || gpu_bwd);
+  if (device == Device::cuda && a.pass == "auto" && !gpu_bwd) fmt::print("backward  not run: no CUDA backward kernel yet\n");
   auto time_it = [&](auto&& fn) {
     fn();  // warm-up
     std::vector<double> t;
@@ -88,7 +88,12 @@ void run(const RunArgs& a) {
     return median(t);
   };
   if (do_fwd) {
-    const double sec = time_it([&] { forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), opts); });
+    const double sec =
+        device == Device::cuda
+            ? gpu::median_ms([&] { forward(dq_->desc(), dk_->desc(), dv_->desc(), dout_->desc(), &dlse_->desc(), opts); },
+                             a.iters) * 1e-3
+            : time_it([&] { forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), opts); });
+    if (device == Device::cuda) dout_->copy_to(out), dlse_->copy_to(lse);
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::forward);
     if (a.pass != "bwd") fmt::print("forward   {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", sec * 1e3, fl / sec / 1e12, a.iters);
   }
@@ -148,7 +153,9 @@ void add_run_command(CLI::App& app) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* cmd = app.add_subcommand("run", "run one attention on random inputs, time it and spot-check it");
   args->problem.add_to(cmd);
-  cmd->add_option("--pass", args->pass, "fwd, bwd or both")->check(CLI::IsMember({"fwd", "bwd", "both"}))->capture_default_str();
+  cmd->add_option("--pass", args->pass, "fwd, bwd, both, or auto (forward, and backward where the backend has one)")
+      ->check(CLI::IsMember({"auto", "fwd", "bwd", "both"}))
+      ->capture_default_str();
   cmd->add_option("--backend", args->backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--iters", args->iters, "timed iterations (median reported)")->check(CLI::PositiveNumber)->capture_default_str();
   cmd->add_option("--check-rows", args->check_rows, "rows checked against the reference (0: none)")->check(CLI::NonNegativeNumber)->capture_default_str();
