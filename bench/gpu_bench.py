@@ -185,7 +185,7 @@ class Gpu:
             except ImportError:
                 sys.path.insert(0, os.path.join(REPO, "python"))
                 import fa4
-            self.fa4_info = {"fa4_library": fa4.library_path(), "fa4_version": str(fa4.library_version())}
+            self.fa4_info = {"fa4_library": str(fa4.library_path()), "fa4_version": str(fa4.library_version())}
             fa4.flash_attn_func  # registers the torch ops
             self.fa4 = fa4
         except Exception as e:  # noqa: BLE001 -- never abort the run: peers still get measured
@@ -624,7 +624,7 @@ def write_outputs(args, doc, with_plot=True):
     for name in (f"{stem}.json", "latest.json"):
         p = os.path.join(args.out, name)
         with open(p, "w") as f:
-            json.dump(doc, f, indent=1)
+            json.dump(doc, f, indent=1, default=str)  # paths and other non-JSON values as text
             f.write("\n")
         paths[name] = p
     md = markdown(doc, args.impls)

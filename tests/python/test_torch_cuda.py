@@ -64,6 +64,8 @@ def test_values_within_tolerance_rule(dtype_name, name, shape, options):
     pytest.importorskip("ml_dtypes", reason="the bfloat16 tolerance needs ml_dtypes")
     dtype = LOW_PRECISION[dtype_name]
     require_kernels(dtype)
+    # The GPU kernels are compiled for head dims 64, 128 and 256: run each CPU case at the next one up.
+    shape = dict(shape, head_dim=next(d for d in (64, 128, 256) if d >= shape["head_dim"]))
     q, k, v = cuda_tensors(dtype=dtype, **shape)
     out, lse = fa4.flash_attn_func(q, k, v, return_lse=True, **options)
     ref_out, ref_lse = reference.attention(*(to_numpy_float64(t) for t in (q, k, v)),

@@ -112,6 +112,26 @@ void check_tma_layout(const char* call, const char* name, const Tensor& t) {
                                                                        std::to_string(t.shape[2]) + ", ...]");
 }
 
+// Makes `index` the current device for a scope and restores the previous one.
+class DeviceGuard {
+ public:
+  DeviceGuard(const char* call, int index) {
+    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
+    if (const cudaError_t e = cudaSetDevice(index); e != cudaSuccess)
+      throw Error(Status::cuda_error, std::string(call) + ": cudaSetDevice(" + std::to_string(index) + "): " + cudaGetErrorString(e));
+    switched_ = previous_ >= 0 && previous_ != index;
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
              const Tensor* lse, Stream stream) {
   const char* call = "fa4::forward";
@@ -122,6 +142,10 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   if (ctas > kMaxIndex)
     unsupported(call, "q", "at most 2^31 - 1 query tiles of " + std::to_string(block_m) + " rows (batch·heads·tiles)",
                 std::to_string(ctas));
+
+  // Everything below (tensor-map encoding included, which needs a current context) runs on the tensors'
+  // device; cudaSetDevice also initialises its primary context. The caller's current device is restored.
+  const DeviceGuard device(call, q.device_index);
 
   FwdParams params;
   const CoordSteps q_steps = map_tensor(q, p.head_dim, block_m, &params.q_map);
@@ -159,17 +183,8 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   params.rescale_threshold = p.rescale_threshold;
   params.exp2_emulated_per16 = p.exp2_emulated_per16;
 
-  // Launch on the tensors' device; the caller's current device is restored.
-  int current = 0;
-  if (cudaGetDevice(&current) != cudaSuccess) current = -1;
-  if (current != q.device_index) {
-    if (const cudaError_t e = cudaSetDevice(q.device_index); e != cudaSuccess)
-      throw Error(Status::cuda_error, std::string(call) + ": cudaSetDevice(" + std::to_string(q.device_index) +
-                                          "): " + cudaGetErrorString(e));
-  }
   const cudaError_t e = launch_fwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(ctas),
                                           reinterpret_cast<cudaStream_t>(stream));
-  if (current >= 0 && current != q.device_index) cudaSetDevice(current);
   if (e != cudaSuccess)
     throw Error(Status::cuda_error, std::string(call) + ": sm_90a forward launch failed: " + cudaGetErrorName(e) +
                                         " (" + cudaGetErrorString(e) + ")");
