@@ -23,6 +23,7 @@ struct Fp32Products {
         v(prob, vv, BlockLayout::rows) {}
   int64_t o_stride() const { return dpad; }
   int64_t padded_rows(int64_t n) const { return round_up(n, kRowGroup); }
+  static constexpr int kBlocksPerStep = 1;
 
   struct Thread {
     Scratch q;
@@ -31,10 +32,10 @@ struct Fp32Products {
   void load_q(Thread& t, const Tensor& q, int64_t b, int64_t h, int64_t i0, int64_t n, int64_t rows) const {
     load_row_tile(q, b, h, i0, n, d, dpad, t.q.data(), rows);
   }
-  void scores(Thread& t, int64_t b, int64_t hk, int64_t blk, int64_t rows, float* s) const {
+  void scores(Thread& t, int64_t b, int64_t hk, int64_t blk, int, int64_t rows, float* s) const {
     gemm_rows_by_keys(t.q.data(), dpad, kt.block<float>(b, hk, blk), d, rows, s);
   }
-  void accumulate(Thread&, int64_t b, int64_t hk, int64_t blk, const float* probs, int64_t rows, float* o) const {
+  void accumulate(Thread&, int64_t b, int64_t hk, int64_t blk, int, const float* probs, int64_t rows, float* o) const {
     gemm_accumulate(probs, kBlockKeys, v.block<float>(b, hk, blk), kBlockKeys, rows, dpad, o);
   }
 };
@@ -49,11 +50,15 @@ struct AmxProducts {
         v_pairs(prob, vv, BlockLayout::key_pairs) {}
   int64_t o_stride() const { return d32; }
   int64_t padded_rows(int64_t) const { return amx::kRows; }
+  // Two kv blocks per step: O's accumulator tiles make one round trip through memory per 128 keys instead
+  // of per 64, and the per-row softmax bookkeeping is paid half as often (docs/perf-log.md).
+  static constexpr int kBlocksPerStep = 2;
 
   struct Thread {
     std::vector<uint16_t> q, probs;
     std::vector<float> row;
-    explicit Thread(const AmxProducts& m) : q(amx::kRows * m.d32), probs(amx::kRows * kBlockKeys), row(m.d32) {
+    explicit Thread(const AmxProducts& m)
+        : q(amx::kRows * m.d32), probs(amx::kRows * kBlockKeys * kBlocksPerStep), row(m.d32) {
       amx::configure_thread();
     }
     ~Thread() { amx::release_thread(); }
@@ -65,15 +70,22 @@ struct AmxProducts {
       for (int64_t c = 0; c < d; ++c) t.q[r * d32 + c] = num::float_to_bf16_bits(t.row[c]);
     }
   }
-  void scores(Thread& t, int64_t b, int64_t hk, int64_t blk, int64_t, float* s) const {
-    amx::gemm64(t.q.data(), d32, k_pairs.block<uint16_t>(b, hk, blk), kBlockKeys, d32, s, kBlockKeys, false);
+  // s is [64][nblocks * kBlockKeys]; consecutive kv blocks of a head are adjacent in the packs, so two
+  // blocks of V in pair layout are one [kBlockKeys][dim32] operand with twice the depth.
+  void scores(Thread& t, int64_t b, int64_t hk, int64_t blk, int nblocks, int64_t, float* s) const {
+    for (int i = 0; i < nblocks; ++i)
+      amx::gemm64(t.q.data(), d32, k_pairs.block<uint16_t>(b, hk, blk + i), kBlockKeys, d32, s + i * kBlockKeys,
+                  nblocks * kBlockKeys, false);
   }
-  void accumulate(Thread& t, int64_t b, int64_t hk, int64_t blk, const float* probs, int64_t, float* o) const {
-    amx::to_bf16(probs, t.probs.data(), amx::kRows * kBlockKeys);
-    amx::gemm64(t.probs.data(), kBlockKeys, v_pairs.block<uint16_t>(b, hk, blk), d32, kBlockKeys, o, d32, true);
+  void accumulate(Thread& t, int64_t b, int64_t hk, int64_t blk, int nblocks, const float* probs, int64_t,
+                  float* o) const {
+    const int width = nblocks * kBlockKeys;
+    amx::to_bf16(probs, t.probs.data(), amx::kRows * width);
+    amx::gemm64(t.probs.data(), width, v_pairs.block<uint16_t>(b, hk, blk), d32, width, o, d32, true);
   }
 };
 static_assert(kBlockRows == amx::kRows && kBlockKeys % amx::kPanel == 0, "the AMX path computes whole 64-row blocks");
+static_assert(Fp32Products::kBlocksPerStep == 1, "the fp32 kernels' S tile is one kv block wide");
 
 template <class Products>
 void forward_blocks(const detail::Problem& p, const Tensor& q, const Tensor& out, const Tensor* lse, const Products& prod) {
@@ -84,7 +96,7 @@ void forward_blocks(const detail::Problem& p, const Tensor& q, const Tensor& out
 #pragma omp parallel
   {
     typename Products::Thread thread(prod);
-    Scratch s(kBlockRows * kBlockKeys), o(kBlockRows * ostride);
+    Scratch s(kBlockRows * kBlockKeys * Products::kBlocksPerStep), o(kBlockRows * ostride);
     std::vector<float> m(kBlockRows), l(kBlockRows);
 
 #pragma omp for schedule(dynamic, 1)
@@ -99,23 +111,25 @@ void forward_blocks(const detail::Problem& p, const Tensor& q, const Tensor& out
       std::fill(l.begin(), l.end(), 0.0f);
 
       const KeySpan keys = keys_of_rows(p.mask, i0, i0 + n);
-      for (int64_t j0 = first_block_start(keys.begin); j0 < keys.end; j0 += kBlockKeys) {
+      for (int64_t j0 = first_block_start(keys.begin); j0 < keys.end; j0 += kBlockKeys * Products::kBlocksPerStep) {
         const int64_t blk = j0 / kBlockKeys;
-        prod.scores(thread, w.b, hk, blk, rows, s.data());
-        const bool all_visible = block_fully_visible(p, i0, i0 + n, j0);
+        const int nblocks = static_cast<int>(std::min<int64_t>(Products::kBlocksPerStep, (keys.end - j0 + kBlockKeys - 1) / kBlockKeys));
+        const int width = nblocks * kBlockKeys;
+        prod.scores(thread, w.b, hk, blk, nblocks, rows, s.data());
+        const bool all_visible = block_fully_visible(p, i0, i0 + n, j0, width);
         for (int64_t r = 0; r < rows; ++r) {
-          float* x = s.data() + r * kBlockKeys;
-          score_row(p, st, i0 + r, j0, all_visible, x, nullptr);
-          const num::RowMaxUpdate u = num::update_row_max(m[r], max_block(x), p.rescale_threshold);
+          float* x = s.data() + r * width;
+          score_row(p, st, i0 + r, j0, all_visible, x, nullptr, width);
+          const num::RowMaxUpdate u = num::update_row_max(m[r], max_block(x, width), p.rescale_threshold);
           if (u.rescaled) {
             const float f = num::exp2_accurate(u.log2_scale);
             l[r] *= f;
             for (int64_t c = 0; c < d; ++c) o.data()[r * ostride + c] *= f;
           }
           m[r] = u.m;
-          l[r] += exp2_block(x, num::safe_max(u.m), j0, p.exp2_emulated_per16);
+          l[r] += exp2_block(x, num::safe_max(u.m), j0, p.exp2_emulated_per16, width);
         }
-        prod.accumulate(thread, w.b, hk, blk, s.data(), rows, o.data());
+        prod.accumulate(thread, w.b, hk, blk, nblocks, s.data(), rows, o.data());
       }
 
       for (int64_t r = 0; r < n; ++r) {

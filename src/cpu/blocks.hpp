@@ -60,30 +60,30 @@ inline void load_row_tile(const Tensor& t, int64_t b, int64_t h, int64_t r0, int
   }
 }
 
-// S row (raw q.k for keys j0..j0+kBlockKeys) -> x = scores in log2 units, -inf where masked or past the
-// end. `tanh_out` (optional) receives tanh(q.k * scale / softcap) for the softcap derivative.
+// S row (raw q.k for keys j0..j0+width) -> x = scores in log2 units, -inf where masked or past the end.
+// `tanh_out` (optional) receives tanh(q.k * scale / softcap) for the softcap derivative.
 inline void score_row(const detail::Problem& p, const num::ScoreTransform& st, int64_t i, int64_t j0, bool all_visible,
-                      float* s, float* tanh_out) {
+                      float* s, float* tanh_out, int width = kBlockKeys) {
   if (st.softcap) {
-    for (int j = 0; j < kBlockKeys; ++j) {
+    for (int j = 0; j < width; ++j) {
       const float t = std::tanh(s[j] * st.cap_pre);
       if (tanh_out) tanh_out[j] = t;
       s[j] = st.cap_post * t;
     }
   } else {
-    for (int j = 0; j < kBlockKeys; ++j) s[j] *= st.scale_log2;
+    for (int j = 0; j < width; ++j) s[j] *= st.scale_log2;
   }
   if (all_visible) return;
   const int64_t kb = p.mask.key_begin(i), ke = p.mask.key_end(i);
-  for (int j = 0; j < kBlockKeys; ++j) {
+  for (int j = 0; j < width; ++j) {
     const int64_t key = j0 + j;
     s[j] = (key >= kb && key < ke) ? s[j] : -INFINITY;
   }
 }
 
-// Whether every key of block [j0, j0 + kBlockKeys) is visible to every row of [i0, i1).
-inline bool block_fully_visible(const detail::Problem& p, int64_t i0, int64_t i1, int64_t j0) {
-  const int64_t j1 = j0 + kBlockKeys;
+// Whether every key of [j0, j0 + width) is visible to every row of [i0, i1).
+inline bool block_fully_visible(const detail::Problem& p, int64_t i0, int64_t i1, int64_t j0, int width = kBlockKeys) {
+  const int64_t j1 = j0 + width;
   return j1 <= p.seqlen_k && j0 >= p.mask.key_begin(i1 - 1) && j1 <= p.mask.key_end(i0);
 }
 

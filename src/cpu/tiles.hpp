@@ -106,13 +106,14 @@ inline float lane_max(vf acc) {
   return x > y ? x : y;
 }
 
-// x[0..kBlockKeys) <- exp2(x - m) under the policy (emulated for some 8-column groups of absolute key
-// columns); returns the sum, added in a fixed order (deterministic). Masked entries are -inf and give 0.
-inline float exp2_block(float* x, float m, int64_t first_key, int emulated_per16) {
+// x[0..width) <- exp2(x - m) under the policy (emulated for some 8-column groups of absolute key columns);
+// returns the sum, added in a fixed order (deterministic). Masked entries are -inf and give 0. width is a
+// multiple of kBlockKeys (the AMX forward steps over two kv blocks at a time).
+inline float exp2_block(float* x, float m, int64_t first_key, int emulated_per16, int width = kBlockKeys) {
   if (emulated_per16 == 0) {
-    for (int j = 0; j < kBlockKeys; ++j) x[j] = num::exp2_accurate(x[j] - m);
+    for (int j = 0; j < width; ++j) x[j] = num::exp2_accurate(x[j] - m);
   } else {
-    for (int j0 = 0; j0 < kBlockKeys; j0 += 8) {  // block starts are multiples of 8
+    for (int j0 = 0; j0 < width; j0 += 8) {  // block starts are multiples of 8
       if (num::exp2_is_emulated(first_key + j0, emulated_per16)) {
         for (int j = j0; j < j0 + 8; ++j) x[j] = num::exp2_emulated(x[j] - m);
       } else {
@@ -121,13 +122,13 @@ inline float exp2_block(float* x, float m, int64_t first_key, int emulated_per16
     }
   }
   vf acc = load_vf(x);
-  for (int u = 1; u < kBlockKeys / kLanes; ++u) acc += load_vf(x + u * kLanes);
+  for (int u = 1; u < width / kLanes; ++u) acc += load_vf(x + u * kLanes);
   return lane_sum(acc);
 }
 
-inline float max_block(const float* x) {
+inline float max_block(const float* x, int width = kBlockKeys) {
   vf acc = load_vf(x);
-  for (int u = 1; u < kBlockKeys / kLanes; ++u) {
+  for (int u = 1; u < width / kLanes; ++u) {
     const vf y = load_vf(x + u * kLanes);
     acc = acc > y ? acc : y;
   }
