@@ -19,11 +19,10 @@ namespace {
 
 // fp32 vector kernels; q-side tiles [kBlockRows][padded_dim], accumulators [64][padded_dim].
 struct Fp32Products {
-  const detail::Problem& p;
   int64_t d, dpad;
   PackedBlocks kt, vt, krows, q_rows, dout_rows;
   Fp32Products(const detail::Problem& prob, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout)
-      : p(prob), d(prob.head_dim), dpad(padded_dim(prob.head_dim)), kt(prob, k, BlockLayout::transposed),
+      : d(prob.head_dim), dpad(padded_dim(prob.head_dim)), kt(prob, k, BlockLayout::transposed),
         vt(prob, v, BlockLayout::transposed), krows(prob, k, BlockLayout::rows),
         q_rows(prob, q, BlockLayout::rows, Side::queries), dout_rows(prob, dout, BlockLayout::rows, Side::queries) {}
   int64_t acc_stride() const { return dpad; }
@@ -60,11 +59,10 @@ struct Fp32Products {
 // AMX bf16 tiles; every tile has 64 rows. Q and dO are kept row-major (A of S, dP) and in pair layout
 // along rows (B of dK += dS^T Q, dV += P^T dO).
 struct AmxProducts {
-  const detail::Problem& p;
   int64_t d, d32;
   PackedBlocks k_dims, v_dims, k_keys, q_rows, q_pairs, dout_rows, dout_pairs;
   AmxProducts(const detail::Problem& prob, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout)
-      : p(prob), d(prob.head_dim), d32(dim32(prob.head_dim)), k_dims(prob, k, BlockLayout::dim_pairs),
+      : d(prob.head_dim), d32(dim32(prob.head_dim)), k_dims(prob, k, BlockLayout::dim_pairs),
         v_dims(prob, v, BlockLayout::dim_pairs), k_keys(prob, k, BlockLayout::key_pairs),
         q_rows(prob, q, BlockLayout::bf16_rows, Side::queries), q_pairs(prob, q, BlockLayout::key_pairs, Side::queries),
         dout_rows(prob, dout, BlockLayout::bf16_rows, Side::queries),

@@ -15,11 +15,10 @@ namespace {
 
 // fp32 vector kernels (tiles.hpp). Q tile and O are [kBlockRows][padded_dim] fp32.
 struct Fp32Products {
-  const detail::Problem& p;
   int64_t d, dpad;
   PackedBlocks kt, v;
   Fp32Products(const detail::Problem& prob, const Tensor& k, const Tensor& vv)
-      : p(prob), d(prob.head_dim), dpad(padded_dim(prob.head_dim)), kt(prob, k, BlockLayout::transposed),
+      : d(prob.head_dim), dpad(padded_dim(prob.head_dim)), kt(prob, k, BlockLayout::transposed),
         v(prob, vv, BlockLayout::rows) {}
   int64_t o_stride() const { return dpad; }
   int64_t padded_rows(int64_t n) const { return round_up(n, kRowGroup); }
@@ -42,11 +41,10 @@ struct Fp32Products {
 
 // AMX bf16 tiles (amx.hpp). Q tile and P are bf16 [64][dim32] / [64][64], O is fp32 [64][dim32].
 struct AmxProducts {
-  const detail::Problem& p;
   int64_t d, d32;
   PackedBlocks k_pairs, v_pairs;
   AmxProducts(const detail::Problem& prob, const Tensor& k, const Tensor& vv)
-      : p(prob), d(prob.head_dim), d32(dim32(prob.head_dim)), k_pairs(prob, k, BlockLayout::dim_pairs),
+      : d(prob.head_dim), d32(dim32(prob.head_dim)), k_pairs(prob, k, BlockLayout::dim_pairs),
         v_pairs(prob, vv, BlockLayout::key_pairs) {}
   int64_t o_stride() const { return d32; }
   int64_t padded_rows(int64_t) const { return amx::kRows; }

@@ -74,20 +74,13 @@ void bench(const BenchArgs& a) {
               }
               sec = gpu::median_ms([&] { forward(mq.desc(), mk.desc(), mv.desc(), mo.desc(), &ml.desc(), o); }, a.iters) * 1e-3;
             } else {
-              auto once = [&] {
+              forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);  // O and LSE for the backward
+              sec = median_seconds([&] {
                 if (pass == Pass::forward)
                   forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);
                 else
                   backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), o);
-              };
-              forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);  // warm-up, and O/LSE for backward
-              std::vector<double> times;
-              for (int i = 0; i < a.iters; ++i) {
-                const double t0 = now_seconds();
-                once();
-                times.push_back(now_seconds() - t0);
-              }
-              sec = median(times);
+              }, a.iters);
             }
             const double tflops = attention_flops(a.batch, a.heads, s, s, d, o, pass) / sec / 1e12;
             fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11.3f} {:>9.4f}\n", pass_name, dt, d, s, a.batch, a.heads,

@@ -77,22 +77,12 @@ void run(const RunArgs& a) {
   fmt::print("problem   {}\n", pa.shape_string());
   const bool do_fwd = true, do_bwd = a.pass != "fwd" && (device == Device::cpu || gpu_bwd);
   if (device == Device::cuda && a.pass == "auto" && !gpu_bwd) fmt::print("backward  not run: no CUDA backward kernel yet\n");
-  auto time_it = [&](auto&& fn) {
-    fn();  // warm-up
-    std::vector<double> t;
-    for (int i = 0; i < a.iters; ++i) {
-      const double t0 = now_seconds();
-      fn();
-      t.push_back(now_seconds() - t0);
-    }
-    return median(t);
-  };
   if (do_fwd) {
     const double sec =
         device == Device::cuda
             ? gpu::median_ms([&] { forward(dq_->desc(), dk_->desc(), dv_->desc(), dout_->desc(), &dlse_->desc(), opts); },
                              a.iters) * 1e-3
-            : time_it([&] { forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), opts); });
+            : median_seconds([&] { forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), opts); }, a.iters);
     if (device == Device::cuda) dout_->copy_to(out), dlse_->copy_to(lse);
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::forward);
     if (a.pass != "bwd") fmt::print("forward   {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", sec * 1e3, fl / sec / 1e12, a.iters);
@@ -104,9 +94,9 @@ void run(const RunArgs& a) {
     dq = testing::HostTensor::make(dtype, qs, layout), dk = testing::HostTensor::make(dtype, ks, layout),
     dv = testing::HostTensor::make(dtype, ks, layout);
     for (auto* t : {&dq, &dk, &dv}) t->poison();
-    const double sec = time_it([&] {
+    const double sec = median_seconds([&] {
       backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), opts);
-    });
+    }, a.iters);
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::backward);
     fmt::print("backward  {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", sec * 1e3, fl / sec / 1e12, a.iters);
   }

@@ -84,6 +84,17 @@ double median(std::vector<double> v) {
   return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
 }
 
+double median_seconds(const std::function<void()>& fn, int iters) {
+  fn();
+  std::vector<double> t;
+  for (int i = 0; i < iters; ++i) {
+    const double t0 = now_seconds();
+    fn();
+    t.push_back(now_seconds() - t0);
+  }
+  return median(t);
+}
+
 Progress::Progress(std::string label, int total)
     : label_(std::move(label)), total_(total), tty_(isatty(fileno(stderr)) != 0), start_(now_seconds()) {}
 

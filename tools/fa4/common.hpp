@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,8 @@ double attention_flops(int64_t batch, int64_t heads, int64_t sq, int64_t sk, int
 
 double now_seconds();
 double median(std::vector<double> v);
+// Median wall-clock seconds of `fn` over `iters` runs, after one warm-up run (host backends).
+double median_seconds(const std::function<void()>& fn, int iters);
 
 // A one-line progress bar on stderr, drawn only when stderr is a terminal.
 class Progress {
