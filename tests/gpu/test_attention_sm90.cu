@@ -18,6 +18,9 @@
 #include "api/validate.hpp"
 #include "cpu/reference.hpp"
 #include "fa4/fa4.hpp"
+#include "numerics/convert.hpp"
+#include "numerics/exp2.hpp"
+#include "numerics/online_softmax.hpp"
 #include "testing/tensors.hpp"
 #include "testing/tolerance.hpp"
 
@@ -272,6 +275,90 @@ TEST(GpuAttentionSm90, Exp2EmulationAndRescaleThreshold) {
     }
 }
 
+// The FA4 softmax on the FMA pipe is bitwise the host's emulation. Inputs that make every step but exp2 exact:
+// K = V = identity (keys = head_dim), scale 1, and query row i = -200 everywhere except 0 at key a_i and -δ_i at
+// key b_i. Then S is exact, the row max is 0, exp2 is 1 at a_i, e = exp2(-δ_i·log2 e) at b_i and exactly 0
+// elsewhere (x < -126), so l = 1 + e with one rounding in any order, and O row i is zero except
+// O[a_i] = rn(1 / l) and O[b_i] = rn(rn16(e) / l) — all determined by e. With the policy emulating b_i's
+// column group the device result must equal the host emulation bit for bit; where MUFU computes e, some rows
+// must differ (the test is sensitive to which exp2 ran).
+TEST(GpuAttentionSm90, Exp2EmulatedElementsAreBitwiseTheHostEmulation) {
+  REQUIRE_SM90();
+  for (const Instance& row : compiled_instances()) {
+    if (row.head_dim > 128) continue;  // keys = head_dim must fit one K/V tile of block_n = 128 keys
+    const int64_t d = row.head_dim, keys = d, rows = 1000, heads = 2;
+    for (int per16 : {4, 16}) {
+      SCOPED_TRACE(std::string(fa4::to_string(row.dtype)) + " d=" + std::to_string(d) + " per16=" + std::to_string(per16));
+      auto q = HostTensor::make(row.dtype, {1, rows, heads, d});
+      auto k = HostTensor::make(row.dtype, {1, keys, 1, d});
+      auto v = HostTensor::make(row.dtype, {1, keys, 1, d});
+      for (int64_t j = 0; j < keys; ++j)
+        for (int64_t c = 0; c < d; ++c) {
+          k.set({0, j, 0, c}, j == c ? 1.0 : 0.0);
+          v.set({0, j, 0, c}, j == c ? 1.0 : 0.0);
+        }
+      std::vector<int64_t> a(rows * heads), b(rows * heads);
+      uint64_t state = 12345 + uint64_t(per16) * 7 + uint64_t(d);
+      auto next = [&] { return (state = state * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t r = h * rows + i;
+          b[r] = r % keys;                                           // every column group in turn
+          a[r] = (b[r] + 1 + int64_t(next() % uint64_t(keys - 1))) % keys;  // any other key
+          const double delta = 0.01 + double(next() % 100000) / 100000.0 * 20.0;
+          for (int64_t c = 0; c < d; ++c) q.set({0, i, h, c}, c == a[r] ? 0.0 : (c == b[r] ? -delta : -200.0));
+        }
+      auto out = HostTensor::make(row.dtype, {1, rows, heads, d});
+      out.poison();
+      DeviceCopy dq(q, size_t(q.numel())), dk(k, size_t(k.numel())), dv(v, size_t(v.numel())),
+          dout(out, size_t(out.numel()));
+      fa4::Tensor k_heads = dk.desc(), v_heads = dv.desc();  // one stored kv head, broadcast to both query heads
+      k_heads.shape[2] = v_heads.shape[2] = heads;
+      k_heads.stride[2] = v_heads.stride[2] = 0;
+      Options o;
+      o.softmax_scale = 1.0f;
+      o.exp2_emulated_fraction = float(per16) / 16.0f;
+      fa4::forward(dq.desc(), k_heads, v_heads, dout.desc(), nullptr, o);
+      CUDA_OK(cudaDeviceSynchronize());
+      dout.copy_back(out);
+
+      const float scale_log2 = fa4::num::ScoreTransform::make(1.0f, 0.0f).scale_log2;
+      const auto rn16 = [&](float x) {
+        return row.dtype == DType::bf16 ? fa4::num::round_to_bf16(x) : fa4::num::round_to_f16(x);
+      };
+      int emulated_rows = 0, emulated_equal = 0, mufu_rows = 0, mufu_equal = 0;
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < rows; ++i) {
+          const int64_t r = h * rows + i;
+          const float x = float(q.at({0, i, h, b[r]})) * scale_log2;
+          const float e = fa4::num::exp2_emulated(x);
+          const float inv_l = 1.0f / (1.0f + e);
+          bool equal = true;
+          for (int64_t c = 0; c < d; ++c) {
+            const float want = c == a[r] ? rn16(inv_l) : (c == b[r] ? rn16(rn16(e) * inv_l) : 0.0f);
+            equal = equal && out.at({0, i, h, c}) == double(want);
+          }
+          if (fa4::num::exp2_is_emulated(b[r], per16)) {
+            ++emulated_rows;
+            emulated_equal += equal;
+            if (!equal && emulated_rows - emulated_equal <= 3)
+              ADD_FAILURE() << "row " << i << " head " << h << " (key " << b[r] << ", e = " << e
+                            << "): device O differs from the host emulation";
+          } else {
+            ++mufu_rows;
+            mufu_equal += equal;
+          }
+        }
+      std::printf("  %s d=%lld per16=%d: emulated rows bitwise equal %d/%d; MUFU rows equal to the emulation %d/%d\n",
+                  fa4::to_string(row.dtype), static_cast<long long>(d), per16, emulated_equal, emulated_rows,
+                  mufu_equal, mufu_rows);
+      EXPECT_GT(emulated_rows, 0);
+      EXPECT_EQ(emulated_equal, emulated_rows);
+      if (mufu_rows > 0) EXPECT_LT(mufu_equal, mufu_rows) << "MUFU and the emulation never differ: the test is blind";
+    }
+  }
+}
+
 // Determinism: the kernel has a fixed reduction order, so two runs give the same bits.
 TEST(GpuAttentionSm90, TwoRunsAreBitwiseEqual) {
   REQUIRE_SM90();
@@ -285,6 +372,57 @@ TEST(GpuAttentionSm90, TwoRunsAreBitwiseEqual) {
   ASSERT_EQ(a.out_values.size(), b.out_values.size());
   EXPECT_EQ(std::memcmp(a.out_values.data(), b.out_values.data(), a.out_values.size() * sizeof(double)), 0);
   EXPECT_EQ(std::memcmp(a.lse_values.data(), b.lse_values.data(), a.lse_values.size() * sizeof(double)), 0);
+}
+
+// The epilogue's two store paths agree: an output whose seqlen stride is not a multiple of 16 bytes cannot be
+// stored by TMA and takes the per-thread stores; both must give the same bits (same math, different store).
+TEST(GpuAttentionSm90, PaddedOutputTakesTheDirectStoresWithTheSameBits) {
+  REQUIRE_SM90();
+  for (int d : {64, 128}) {
+    GpuCase c;
+    c.head_dim = d;
+    c.batch = 2, c.seqlen_q = 190, c.seqlen_k = 333, c.heads_q = 4, c.heads_kv = 2;
+    c.options.causal = true;
+    c.seed = 4000 + d;
+    const GpuResult dense = run_on_gpu(c, false);
+
+    auto q = HostTensor::make(c.dtype, {c.batch, c.seqlen_q, c.heads_q, d});
+    auto k = HostTensor::make(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, d});
+    auto v = HostTensor::make(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, d});
+    q.fill_normal(c.seed * 7 + 1);  // run_on_gpu's inputs for this seed
+    k.fill_normal(c.seed * 7 + 2);
+    v.fill_normal(c.seed * 7 + 3);
+    const int64_t row_stride = c.heads_q * d + 2;  // 4-byte aligned pairs, not 16-byte aligned rows
+    const size_t padded_elems = size_t(c.batch * c.seqlen_q * row_stride);
+    std::vector<uint16_t> host(padded_elems, 0x7FC1u);  // a NaN in bf16 and in fp16
+    void* dout = nullptr;
+    CUDA_OK(cudaMalloc(&dout, padded_elems * 2));
+    CUDA_OK(cudaMemcpy(dout, host.data(), padded_elems * 2, cudaMemcpyHostToDevice));
+    fa4::Tensor out = q.desc();
+    out.data = dout;
+    out.device = fa4::Device::cuda;
+    out.device_index = 0;
+    out.stride = {c.seqlen_q * row_stride, row_stride, d, 1};
+    DeviceCopy dq(q, size_t(q.numel())), dk(k, size_t(k.numel())), dv(v, size_t(v.numel()));
+    fa4::forward(dq.desc(), dk.desc(), dv.desc(), out, nullptr, c.options);
+    CUDA_OK(cudaDeviceSynchronize());
+    CUDA_OK(cudaMemcpy(host.data(), dout, padded_elems * 2, cudaMemcpyDeviceToHost));
+    cudaFree(dout);
+    size_t differ = 0, i = 0;
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t s = 0; s < c.seqlen_q; ++s)
+        for (int64_t h = 0; h < c.heads_q; ++h)
+          for (int64_t e = 0; e < d; ++e, ++i) {
+            const float got = fa4::num::bf16_bits_to_float(host[size_t(b * c.seqlen_q * row_stride + s * row_stride + h * d + e)]);
+            differ += !(got == float(dense.out_values[i]));
+          }
+    EXPECT_EQ(differ, 0u) << "d=" << d << ": the padded output differs from the TMA-stored one";
+    // The two pad elements of every row stay untouched.
+    size_t pads_written = 0;
+    for (int64_t r = 0; r < c.batch * c.seqlen_q; ++r)
+      for (int64_t pad = 0; pad < 2; ++pad) pads_written += host[size_t(r * row_stride + c.heads_q * d + pad)] != 0x7FC1u;
+    EXPECT_EQ(pads_written, 0u);
+  }
 }
 
 // What the kernel cannot read is refused with Status::unsupported naming the argument, before any launch.

@@ -1,16 +1,20 @@
 // The sm_90a forward tile table: one row per head dim, read by the kernel (shared-memory layout, loop trip
 // counts, wgmma shapes) and by the host launcher (grid, dynamic shared memory), so no size is written twice.
 //
-// First kernel (DESIGN.md §6 step 4, correctness first): ONE consumer warpgroup per CTA (block_m = 64 query
-// rows, the wgmma M), a producer warpgroup of which one warp issues TMA, K and V in rings of `stages` tiles,
-// no ping-pong and no intra-warpgroup overlap yet. block_n (keys per K/V tile) is the N of S = Q·Kᵀ; the
-// head dim is the N of O += P·V. Columns are FA3's register budget in mind: a consumer thread holds S
-// (block_n/2 fp32), P (block_n/8 b32) and O (head_dim/2 fp32).
+// TWO consumer warpgroups per CTA (block_m = 128 query rows, 64 per warpgroup = the wgmma M) share every
+// K/V tile, which a producer warp loads by TMA into rings of `stages` tiles; the warpgroups take turns on the
+// tensor core (ping-pong, named barriers below) and each overlaps its softmax with its own P·V
+// (mma_softmax.cuh). block_n (keys per K/V tile) is the N of S = Q·Kᵀ; the head dim is the N of O += P·V.
+// A consumer thread holds S (block_n/2 fp32), P (block_n/4 b32: 4 per k-step of 16) and O (head_dim/2 fp32)
+// at once.
 //
 // | head_dim | block_m | block_n | stages | smem (Q + 2·stages K/V tiles)  | accumulator regs / thread |
-// |    64    |   64    |   128   |   2    |  8 + 4·16 = 72 KiB             | 64 + 16 + 32 = 112        |
-// |   128    |   64    |   128   |   2    | 16 + 4·32 = 144 KiB            | 64 + 16 + 64 = 144        |
-// |   256    |   64    |    64   |   2    | 32 + 4·32 = 160 KiB            | 32 +  8 + 128 = 168       |
+// |    64    |   128   |   128   |   3    | 16 + 6·16 = 112 KiB            | 64 + 32 + 32 = 128        |
+// |   128    |   128   |   128   |   2    | 32 + 4·32 = 160 KiB            | 64 + 32 + 64 = 160        |
+// |   256    |   128   |    64   |   2    | 64 + 4·32 = 192 KiB            | 32 + 16 + 128 = 176       |
+//
+// The epilogue stages O through the warpgroup's own rows of the Q tile (free once its last S is computed), so
+// O needs no shared memory of its own.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +29,9 @@ struct FwdTile {
 };
 
 inline constexpr FwdTile kFwdTiles[] = {
-    {64, 64, 128, 2},
-    {128, 64, 128, 2},
-    {256, 64, 64, 2},
+    {64, 128, 128, 3},
+    {128, 128, 128, 2},
+    {256, 128, 64, 2},
 };
 
 constexpr FwdTile fwd_tile(int head_dim) {
@@ -43,6 +47,17 @@ inline constexpr int kElementBytes = 2;         // bf16 / fp16
 inline constexpr uint32_t kSmemPerBlockMax = 227 * 1024;  // sm_90 opt-in limit per CTA
 inline constexpr uint32_t kSmemAlignSlack = 1024;         // dynamic smem is rounded up to the swizzle repeat
 
+// Named barriers (ids 1..; 0 is __syncthreads). Ping-pong: consumer warpgroup w waits on turn(w) before issuing
+// its GEMMs and arrives on turn(other) after, so the two warpgroups' GEMMs alternate on the tensor core and
+// each one's softmax runs under the other's GEMMs. epilogue(w): the 128 threads of warpgroup w, before its TMA
+// store of O.
+enum class NamedBarrier : uint32_t {
+  consumer0_turn = 1,
+  consumer1_turn = 2,
+  consumer0_epilogue = 3,
+  consumer1_epilogue = 4,
+};
+
 template <int HeadDim>
 struct FwdConfig {
   static constexpr FwdTile kTile = fwd_tile(HeadDim);
@@ -54,6 +69,9 @@ struct FwdConfig {
   static constexpr int kStages = kTile.stages;
   static constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
   static constexpr int kProducerWarpgroups = 1;  // of which warp 0 works; the rest exit at once
+  // setmaxnreg budgets: the producer gives registers back, the consumers take them (FA3's 24 / 240 split).
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
   static constexpr int kHeadDimChunks = HeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
@@ -61,7 +79,10 @@ struct FwdConfig {
   static constexpr uint32_t kKvTileBytes = uint32_t(kBlockN) * HeadDim * kElementBytes;
   static constexpr uint32_t kTileBytes = kQTileBytes + 2u * kStages * kKvTileBytes;
 
-  static_assert(kConsumerWarpgroups == 1, "the first kernel has exactly one consumer warpgroup");
+  static_assert(kConsumerWarpgroups == 2, "the ping-pong schedule (NamedBarrier) is written for two consumers");
+  static_assert(kWarpgroupThreads * (kProducerWarpgroups * kProducerRegisters +
+                                     kConsumerWarpgroups * kConsumerRegisters) <= 65536,
+                "setmaxnreg budgets exceed the register file: an increase would wait forever");
   static_assert(kBlockM % kWgmmaM == 0, "block_m is whole warpgroups of 64 rows");
   static_assert(HeadDim % kSw128Columns == 0, "the head dim is whole 128-byte swizzle rows (64 elements)");
   static_assert(HeadDim % 16 == 0 && kBlockN % 16 == 0, "whole wgmma k-steps of 16 for both GEMMs");
@@ -72,11 +93,11 @@ struct FwdConfig {
   static_assert(kTileBytes + 1024 + kSmemAlignSlack <= kSmemPerBlockMax,
                 "tiles + barriers + alignment slack exceed the 227 KiB of shared memory per CTA");
   static_assert(kStages >= 2, "the ring needs two stages so loads overlap compute");
-  // One consumer thread's accumulators: S (block_n/2), P fragments (block_n/8), O (head_dim/2). With a
-  // 256-thread CTA (launch_bounds(256, 1)) ptxas may use 255 registers; leave room for addresses and state.
-  static constexpr int kAccumulatorRegisters = kBlockN / 2 + kBlockN / 8 + HeadDim / 2;
-  static_assert(kAccumulatorRegisters <= 184, "accumulators would leave too few registers (spills)");
-  static_assert(65536 / kThreads >= 255, "one CTA per SM at full register budget");
+  // One consumer thread's live accumulators: S (block_n/2), P fragments (block_n/4), O (head_dim/2); leave
+  // room for addresses and softmax state under the consumer budget.
+  static constexpr int kAccumulatorRegisters = kBlockN / 2 + kBlockN / 4 + HeadDim / 2;
+  static_assert(kAccumulatorRegisters <= kConsumerRegisters - 56, "accumulators would leave too few registers");
+  static_assert(65536 / kThreads >= kProducerRegisters, "launch budget below the producer's");
 };
 
 }  // namespace fa4::sm90

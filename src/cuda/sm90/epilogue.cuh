@@ -1,11 +1,18 @@
-// Epilogue role of the consumer warpgroup: finish the row sums over the quad, O / l, round to the output dtype
-// and store; LSE (natural log, fp32). A row with no visible key has l = 0: O = 0 and LSE = -inf
-// (num::finalize_row). Rows past seqlen_q are never written. Plain stores for now (a TMA store through shared
-// memory is a later step); each thread writes its two rows' column pairs.
+// Epilogue role of a consumer warpgroup: finish the row sums over the quad, O / l, round to the output dtype,
+// store its 64 rows; LSE (natural log, fp32). A row with no visible key has l = 0: O = 0 and LSE = -inf
+// (num::finalize_row). Rows past seqlen_q are never written.
+// O goes through shared memory and a TMA store when the output is TMA-addressable (p.out_tma): the warpgroup
+// writes its fragments into its own 64 rows of the Q tile (128B-swizzled, the image the store box reads; no
+// other warpgroup reads those rows and its own last S has completed), then one thread stores the head_dim/64
+// boxes. Otherwise (an output stride that is not a multiple of 16 bytes) each thread stores its column pairs.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/named_barrier.cuh"
+#include "cuda/ptx/swizzle.hpp"
+#include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/mma_softmax.cuh"
 #include "cuda/sm90/params.hpp"
@@ -14,11 +21,14 @@
 
 namespace fa4::sm90 {
 
-template <ptx::WgmmaInput In, int HeadDim, int BlockM>
-__device__ void epilogue_role(const FwdParams& p, const WorkTile& tile, ptx::WgmmaAccumulator<HeadDim>& o,
-                              RowState& rows) {
+template <ptx::WgmmaInput In, int HeadDim>
+__device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, const WorkTile& tile,
+                              int consumer, ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
+  constexpr int kBlockM = FwdConfig<HeadDim>::kBlockM;
   const int thread = threadIdx.x % kWarpgroupThreads;
-  const int64_t row0 = int64_t(tile.m_block) * BlockM + ptx::accumulator_row(thread, 0);
+  const int local_row0 = ptx::accumulator_row(thread, 0);  // within the warpgroup's 64 rows
+  const int64_t rows_begin = int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM;
+  const int64_t row0 = rows_begin + local_row0;
   const int col_base = 2 * (thread % 4);
 
   float inv_l[2];
@@ -29,6 +39,31 @@ __device__ void epilogue_role(const FwdParams& p, const WorkTile& tile, ptx::Wgm
     const int64_t r = row0 + 8 * h;
     if (p.lse != nullptr && thread % 4 == 0 && r < p.seqlen_q)
       p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = fin.lse;
+  }
+
+  if (p.out_tma) {
+    uint8_t* const staging = smem.q + consumer * kWgmmaM * ptx::kSw128RowBytes;
+#pragma unroll
+    for (int i = 0; i < HeadDim / 2; i += 2) {
+      const int h = reg_row_half(i);
+      const int col = col_base + reg_col_in_pair_block(i);
+      const uint32_t pair = ptx::pack_rn<In>(o.reg[i] * inv_l[h], o.reg[i + 1] * inv_l[h]);
+      uint8_t* chunk = staging + (col / kSw128Columns) * kBlockM * ptx::kSw128RowBytes;
+      *reinterpret_cast<uint32_t*>(chunk + ptx::sw128_offset(local_row0 + 8 * h, col % kSw128Columns, 2)) = pair;
+    }
+    ptx::fence_proxy_async_shared_cta();  // the generic writes above, before the async-proxy store reads them
+    const auto epilogue_barrier = consumer == 0 ? NamedBarrier::consumer0_epilogue : NamedBarrier::consumer1_epilogue;
+    ptx::named_barrier_sync(static_cast<uint32_t>(epilogue_barrier), kWarpgroupThreads);
+    if (thread == 0 && rows_begin < p.seqlen_q) {
+#pragma unroll
+      for (int chunk = 0; chunk < HeadDim / kSw128Columns; ++chunk) {
+        const int32_t coords[4] = {chunk * kSw128Columns, int32_t(rows_begin), tile.head, tile.batch};
+        ptx::tma_store(&p.out_map, coords, staging + chunk * kBlockM * ptx::kSw128RowBytes);
+      }
+      ptx::tma_store_commit();
+      ptx::tma_store_wait<0>();  // the staging rows are shared memory of a CTA about to exit
+    }
+    return;
   }
 
   uint16_t* const out = static_cast<uint16_t*>(p.out) + tile.batch * p.out_stride_b + tile.head * p.out_stride_h;

@@ -3,6 +3,7 @@
 // Instantiated for the sm90 rows of src/cuda/instances.def, each behind a launch function for launch.cu.
 #include <cuda_runtime.h>
 
+#include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/kernel_fwd.hpp"
 #include "cuda/sm90/load.cuh"
@@ -13,8 +14,8 @@
 namespace fa4::sm90 {
 namespace {
 
-// The role table: warpgroup 0 produces (its warp 0 issues TMA, the other three warps exit at once), the
-// following warpgroups consume (one for now).
+// The role table: warpgroup 0 produces (its warp 0 issues TMA; it gives registers back and its other three
+// warps exit), warpgroups 1 and 2 consume (64 query rows each) and take the registers.
 enum class Role { load, mma_softmax_epilogue };
 
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
@@ -36,18 +37,17 @@ __global__ void __launch_bounds__(FwdConfig<HeadDim>::kThreads, 1) fwd_kernel(co
 
   const WorkTile tile = work_tile(p, blockIdx.x);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
-  switch (role_of(warpgroup)) {
-    case Role::load:
-      if (threadIdx.x / 32 == 0) load_role<HeadDim>(p, smem, tile);
-      return;
-    case Role::mma_softmax_epilogue: {
-      ptx::WgmmaAccumulator<HeadDim> o;
-      RowState rows;
-      mma_softmax_role<In, HeadDim>(p, smem, tile, o, rows);
-      epilogue_role<In, HeadDim, Config::kBlockM>(p, tile, o, rows);
-      return;
-    }
+  if (role_of(warpgroup) == Role::load) {
+    ptx::setmaxnreg_dec<Config::kProducerRegisters>();
+    if (threadIdx.x / 32 == 0) load_role<HeadDim>(p, smem, tile);
+    return;
   }
+  ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  ptx::WgmmaAccumulator<HeadDim> o;
+  RowState rows;
+  mma_softmax_role<In, HeadDim>(p, smem, tile, consumer, o, rows);
+  epilogue_role<In, HeadDim>(p, smem, tile, consumer, o, rows);
 }
 
 template <DType Dtype>

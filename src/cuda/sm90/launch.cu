@@ -160,6 +160,20 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
     params.v_head_step = v_steps.head;
     params.v_batch_step = v_steps.batch;
   }
+  // TMA store when the output is 16-byte addressable like the inputs; else the epilogue's per-thread stores.
+  const bool out_16b = [&] {
+    if (reinterpret_cast<uintptr_t>(out.data) % 16 != 0) return false;
+    const int64_t es = int64_t(element_size(out.dtype));
+    for (int dim : {kBatch, kSeq, kHeads})
+      if (out.shape[dim] != 1 && (out.stride[dim] <= 0 || out.stride[dim] * es % 16 != 0 ||
+                                  out.stride[dim] * es >= (int64_t{1} << 40)))
+        return false;
+    return true;
+  }();
+  if (out_16b) {
+    map_tensor(out, p.head_dim, uint32_t(kWgmmaM), &params.out_map);
+    params.out_tma = true;
+  }
   params.out = out.data;
   params.out_stride_b = out.stride[kBatch];
   params.out_stride_s = out.stride[kSeq];

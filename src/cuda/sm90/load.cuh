@@ -27,7 +27,7 @@ __device__ __forceinline__ void load_tile(uint8_t* smem_tile, const CUtensorMap*
 }
 
 template <int HeadDim>
-__device__ void load_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, const WorkTile& tile) {
+__device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, const WorkTile& tile) {
   using Config = FwdConfig<HeadDim>;
   using Ring = cuda::Pipeline<Config::kStages>;
   const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);

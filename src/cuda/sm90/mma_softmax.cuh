@@ -1,18 +1,24 @@
-// MMA + softmax + correction roles of the consumer warpgroup (one per CTA for now; DESIGN.md §6 step 4, first
-// half: correctness before overlap). Per visible K/V tile n:
-//   S = Q·Kₙᵀ (SS wgmma, both K-major)  ->  wait  ->  release Kₙ
-//   x = score(S) in log2 units, masked to -inf; per-row block max over the quad (4 lanes hold a row)
-//   correction: per-row conditional rescale (num::update_row_max with tau); O and l are multiplied only if some
-//               row of the warp moved its reference max, so most tiles skip the O pass entirely
-//   P = exp2(x - m): MUFU ex2.approx, or num::exp2_emulated for the key-column groups the policy sends to the
-//       FMA pipe (bitwise the host's emulation); l += P (thread-local, reduced over the quad once at the end)
-//   O += P·Vₙ (RS wgmma: P rounded to 16 bits straight from the S registers, V MN-major)  ->  wait  ->  release Vₙ
+// MMA + softmax + correction role of a consumer warpgroup (two per CTA, 64 query rows each, sharing the K/V
+// ring). Per visible K/V tile n the warpgroup, on its turn at the tensor core (TensorCoreTurn, ping-pong):
+//   issues S = Q·Kₙᵀ (SS wgmma, both K-major) and O += P₍ₙ₋₁₎·V₍ₙ₋₁₎ (RS wgmma, P in registers, V MN-major),
+//   hands the turn to the other warpgroup,
+//   waits for S only (wgmma_wait_group<1>) and releases Kₙ,
+//   softmax of S (intra-warpgroup overlap: runs while its own P·V is still on the tensor core):
+//     x = score(S) in log2 units, masked to -inf; per-row block max over the quad (4 lanes hold a row);
+//     correction decision: per-row conditional rescale (num::update_row_max with tau);
+//     P = exp2(x - m): MUFU ex2.approx, or num::exp2_emulated for the key-column groups the policy sends to
+//     the FMA pipe (bitwise the host's emulation); l += P (thread-local, quad-reduced once in the epilogue);
+//   waits for P·V (wgmma_wait_group<0>) and releases V₍ₙ₋₁₎,
+//   correction: O *= exp2(m_old - m_new) only if some row of the warp moved its max (most tiles skip it),
+//   packs P to 16 bits (the A fragments of the next P·V, straight from the S registers).
+// The first tile has no P·V before it, the last P·V no S after it (prologue / tail of the loop).
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/pipeline/pipeline.cuh"
 #include "cuda/ptx/mbarrier.cuh"
+#include "cuda/ptx/named_barrier.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/shared_storage.cuh"
@@ -31,6 +37,29 @@ struct RowState {
 // Consumer releases: one arrival per consumer warp, each after its own wgmma wait (so no warp's view of the
 // tile can still be in use), hence consumer_arrivals = 4 per consumer warpgroup at ring init.
 inline constexpr uint32_t kReleasesPerConsumerWarpgroup = 4;
+
+// Ping-pong between the two consumer warpgroups: consumer c may issue GEMMs once the other has handed over.
+// Consumer 0 starts (consumer 1 hands over once at the start). Both walk the same K/V tiles, so they take the
+// same number of turns; the very last hand-over (consumer 1 to consumer 0, who has nothing left) is skipped
+// so that no barrier is left half-arrived.
+class TensorCoreTurn {
+ public:
+  __device__ explicit TensorCoreTurn(int consumer) : consumer_(consumer) {}
+  __device__ void start() const {
+    if (consumer_ == 1) ptx::named_barrier_arrive(barrier(0), kThreads);
+  }
+  __device__ void wait() const { ptx::named_barrier_sync(barrier(consumer_), kThreads); }
+  __device__ void hand_over(bool last_turn) const {
+    if (!(last_turn && consumer_ == 1)) ptx::named_barrier_arrive(barrier(1 - consumer_), kThreads);
+  }
+
+ private:
+  static constexpr uint32_t kThreads = 2 * kWarpgroupThreads;  // the waiting warpgroup + the handing-over one
+  __device__ static uint32_t barrier(int consumer) {
+    return static_cast<uint32_t>(consumer == 0 ? NamedBarrier::consumer0_turn : NamedBarrier::consumer1_turn);
+  }
+  int consumer_;
+};
 
 __device__ __forceinline__ float exp2_mufu(float x) {
   float y;
@@ -52,28 +81,29 @@ __device__ __forceinline__ float quad_sum(float v) {
 __device__ __forceinline__ constexpr int reg_row_half(int i) { return (i >> 1) & 1; }
 __device__ __forceinline__ constexpr int reg_col_in_pair_block(int i) { return 8 * (i >> 2) + (i & 1); }
 
-// S = Q·Kᵀ over head_dim / 16 k-steps; both tiles [head_dim/64 chunks][rows][128 B].
-template <ptx::WgmmaInput In, int HeadDim, int BlockM, int BlockN>
-__device__ __forceinline__ void gemm_qk(ptx::WgmmaAccumulator<BlockN>& s, uint32_t q_tile, uint32_t k_tile) {
+// Issues S = Q·Kᵀ over head_dim / 16 k-steps (one commit group); the caller waits. q_rows: this warpgroup's
+// 64 rows inside the Q tile, whose head-dim chunks are q_chunk_bytes apart; K tile [chunks][block_n][128 B].
+template <ptx::WgmmaInput In, int HeadDim, int BlockN>
+__device__ __forceinline__ void issue_qk(ptx::WgmmaAccumulator<BlockN>& s, uint32_t q_rows, uint32_t q_chunk_bytes,
+                                         uint32_t k_tile) {
   ptx::wgmma_fence_operand(s);
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < HeadDim / 16; ++kk) {
-    // k-step kk: chunk kk/4 (rows·128 bytes each), 32 bytes per k-step of 16 elements inside the 128-byte row.
-    const auto a = ptx::sw128_k_major_desc(q_tile + (kk / 4) * uint32_t(BlockM) * 128u + (kk % 4) * 32u);
+    // k-step kk: chunk kk/4, 32 bytes per k-step of 16 elements inside the 128-byte row.
+    const auto a = ptx::sw128_k_major_desc(q_rows + (kk / 4) * q_chunk_bytes + (kk % 4) * 32u);
     const auto b = ptx::sw128_k_major_desc(k_tile + (kk / 4) * uint32_t(BlockN) * 128u + (kk % 4) * 32u);
     ptx::wgmma_ss<In, ptx::Major::k, ptx::Major::k>(s, a, b, /*accumulate=*/kk > 0);
   }
   ptx::wgmma_commit_group();
-  ptx::wgmma_wait_group<0>();
-  ptx::wgmma_fence_operand(s);
 }
 
-// O += P·V over block_n / 16 k-steps; V tile [head_dim/64 chunks][block_n rows][128 B] read MN-major: a k-step
-// of 16 key rows is 2048 bytes, the 64-wide head-dim chunks are block_n·128 bytes apart (LBO).
+// Issues O += P·V over block_n / 16 k-steps (one commit group); V tile [head_dim/64 chunks][block_n rows][128 B]
+// read MN-major: a k-step of 16 key rows is 2048 bytes, the 64-wide head-dim chunks are block_n·128 bytes apart
+// (LBO). P's registers must stay untouched until the group completes.
 template <ptx::WgmmaInput In, int HeadDim, int BlockN>
-__device__ __forceinline__ void gemm_pv(ptx::WgmmaAccumulator<HeadDim>& o, ptx::WgmmaFragmentA (&p)[BlockN / 16],
-                                        uint32_t v_tile) {
+__device__ __forceinline__ void issue_pv(ptx::WgmmaAccumulator<HeadDim>& o, ptx::WgmmaFragmentA (&p)[BlockN / 16],
+                                         uint32_t v_tile) {
   ptx::wgmma_fence_operand(o);
 #pragma unroll
   for (int kb = 0; kb < BlockN / 16; ++kb) ptx::wgmma_fence_operand(p[kb]);
@@ -83,53 +113,65 @@ __device__ __forceinline__ void gemm_pv(ptx::WgmmaAccumulator<HeadDim>& o, ptx::
     ptx::wgmma_rs<In, ptx::Major::mn>(o, p[kb], ptx::sw128_mn_major_desc(v_tile + kb * 2048u, BlockN * 128u),
                                       /*accumulate=*/true);
   ptx::wgmma_commit_group();
-  ptx::wgmma_wait_group<0>();  // P's registers are rewritten by the next tile
-  ptx::wgmma_fence_operand(o);
-#pragma unroll
-  for (int kb = 0; kb < BlockN / 16; ++kb) ptx::wgmma_fence_operand(p[kb]);
 }
 
-// Softmax + correction of one S tile in place (S becomes P in fp32), for the thread's rows `row[2]` and the
-// tile's keys starting at key0 (this thread's column pair offset included in col_base).
-template <int BlockN, int HeadDim>
-__device__ __forceinline__ void softmax_tile(const FwdParams& p, ptx::WgmmaAccumulator<BlockN>& s,
-                                             ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows,
-                                             const int64_t (&row)[2], int64_t key0, int col_base, bool masked) {
+// The correction decided by one tile's softmax, applied to O once O is no longer in a wgmma's hands.
+struct Rescale {
+  float factor[2] = {1.0f, 1.0f};
+  bool any = false;  // warp-uniform: some row of this warp moved its reference max
+};
+
+template <int HeadDim>
+__device__ __forceinline__ void apply_rescale(ptx::WgmmaAccumulator<HeadDim>& o, const Rescale& r) {
+  if (!r.any) return;
+#pragma unroll
+  for (int i = 0; i < HeadDim / 2; ++i) o.reg[i] *= r.factor[reg_row_half(i)];
+}
+
+// Softmax of one S tile in place (S becomes P in fp32), for the thread's rows `row[2]` and the tile's keys
+// starting at key0 (col_base: this thread's column-pair offset). Updates m and l; returns O's correction.
+template <int BlockN>
+__device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAccumulator<BlockN>& s,
+                                                RowState& rows, const int64_t (&row)[2], int64_t key0, int col_base,
+                                                bool masked) {
   // Scores in log2 units, masked elements (and keys past seqlen_k) at -inf.
-  int64_t key_begin[2], key_end[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    key_begin[h] = p.mask.key_begin(row[h]);
-    key_end[h] = p.mask.key_end(row[h]);
-  }
   float block_max[2] = {-INFINITY, -INFINITY};
+  if (masked) {
+    int64_t key_begin[2], key_end[2];
 #pragma unroll
-  for (int i = 0; i < BlockN / 2; ++i) {
-    const int h = reg_row_half(i);
-    float x = p.score(s.reg[i]);
-    if (masked) {
-      const int64_t key = key0 + col_base + reg_col_in_pair_block(i);
-      x = (key >= key_begin[h] && key < key_end[h]) ? x : -INFINITY;
+    for (int h = 0; h < 2; ++h) {
+      key_begin[h] = p.mask.key_begin(row[h]);
+      key_end[h] = p.mask.key_end(row[h]);
     }
-    s.reg[i] = x;
-    block_max[h] = fmaxf(block_max[h], x);
+#pragma unroll
+    for (int i = 0; i < BlockN / 2; ++i) {
+      const int h = reg_row_half(i);
+      const int64_t key = key0 + col_base + reg_col_in_pair_block(i);
+      const float x = (key >= key_begin[h] && key < key_end[h]) ? p.score(s.reg[i]) : -INFINITY;
+      s.reg[i] = x;
+      block_max[h] = fmaxf(block_max[h], x);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < BlockN / 2; ++i) {
+      const float x = p.score(s.reg[i]);
+      s.reg[i] = x;
+      block_max[reg_row_half(i)] = fmaxf(block_max[reg_row_half(i)], x);
+    }
   }
 
-  // Correction: per-row decision; the O pass runs only when some row of this warp moved its max.
-  float factor[2];
+  // Correction decision: per row; O is multiplied later, and only when some row of this warp moved its max.
+  Rescale rescale;
   bool any_rescaled = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const num::RowMaxUpdate u = num::update_row_max(rows.m[h], quad_max(block_max[h]), p.rescale_threshold);
-    factor[h] = u.rescaled ? exp2_mufu(u.log2_scale) : 1.0f;
+    rescale.factor[h] = u.rescaled ? exp2_mufu(u.log2_scale) : 1.0f;
     any_rescaled = any_rescaled || u.rescaled;
     rows.m[h] = u.m;
-    rows.l[h] *= factor[h];
+    rows.l[h] *= rescale.factor[h];
   }
-  if (__any_sync(0xffffffffu, any_rescaled)) {
-#pragma unroll
-    for (int i = 0; i < HeadDim / 2; ++i) o.reg[i] *= factor[reg_row_half(i)];
-  }
+  rescale.any = __any_sync(0xffffffffu, any_rescaled);
 
   // P = exp2(x - m). The subtraction is an explicit round-to-nearest op so that it is never fused with the
   // scale multiply: emulated elements then see exactly the host's argument.
@@ -147,16 +189,19 @@ __device__ __forceinline__ void softmax_tile(const FwdParams& p, ptx::WgmmaAccum
       rows.l[h] += e;
     }
   }
+  return rescale;
 }
 
-// The consumer warpgroup's main loop over the visible K/V tiles. On return O holds the unnormalised output of
-// this thread's rows and `rows` their (m, thread-local l).
+// The consumer warpgroup `consumer`'s main loop over the visible K/V tiles. On return O holds the unnormalised
+// output of this thread's rows and `rows` their (m, thread-local l).
 template <ptx::WgmmaInput In, int HeadDim>
-__device__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, const WorkTile& tile,
-                                 ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
+__device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, const WorkTile& tile,
+                                 int consumer, ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
   using Config = FwdConfig<HeadDim>;
   using Ring = cuda::Pipeline<Config::kStages>;
+  using S = ptx::WgmmaAccumulator<Config::kBlockN>;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
+  constexpr int kKSteps = kBlockN / 16;
 
 #pragma unroll
   for (int i = 0; i < HeadDim / 2; ++i) o.reg[i] = 0.0f;
@@ -165,35 +210,80 @@ __device__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<HeadDim>& 
 
   const int thread = threadIdx.x % kWarpgroupThreads;
   const bool warp_leader = threadIdx.x % 32 == 0;
-  const int64_t row0 = int64_t(tile.m_block) * kBlockM + ptx::accumulator_row(thread, 0);
+  const int64_t row0 = int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM + ptx::accumulator_row(thread, 0);
   const int64_t row[2] = {row0, row0 + 8};
   const int col_base = 2 * (thread % 4);
 
-  const uint32_t q_tile = static_cast<uint32_t>(__cvta_generic_to_shared(smem.q));
+  const uint32_t q_rows =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem.q)) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
+  constexpr uint32_t kQChunkBytes = uint32_t(kBlockM) * ptx::kSw128RowBytes;
+  auto k_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.k[stage])); };
+  auto v_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.v[stage])); };
+  auto masked = [&](int32_t n_block) { return !kv_tile_fully_visible<kBlockM, kBlockN>(p, tile.m_block, n_block); };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
+  const TensorCoreTurn turn(consumer);
+  turn.start();
   ptx::mbarrier_wait_parity(&smem.q_full, 0);
 
-  auto stage = cuda::consumer_start_state<Config::kStages>();
-  for (int32_t n_block = range.begin; n_block < range.end; ++n_block, ++stage) {
-    ptx::WgmmaAccumulator<kBlockN> s;
-    k_ring.consumer_wait(stage);
-    gemm_qk<In, HeadDim, kBlockM, kBlockN>(s, q_tile,
-                                           static_cast<uint32_t>(__cvta_generic_to_shared(smem.k[stage.index])));
+  // Prologue: S of the first tile, its softmax; nothing to overlap with yet.
+  auto k_stage = cuda::consumer_start_state<Config::kStages>();
+  auto v_stage = k_stage;
+  ptx::WgmmaFragmentA p_frag[kKSteps];
+  {
+    S s;
+    k_ring.consumer_wait(k_stage);
+    turn.wait();
+    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(k_stage.index));
+    turn.hand_over(false);
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(s);
     __syncwarp();
-    if (warp_leader) k_ring.consumer_release(stage);
-
-    const bool masked = !kv_tile_fully_visible<kBlockM, kBlockN>(p, tile.m_block, n_block);
-    softmax_tile<kBlockN, HeadDim>(p, s, o, rows, row, int64_t(n_block) * kBlockN, col_base, masked);
-
-    ptx::WgmmaFragmentA p_frag[kBlockN / 16];
+    if (warp_leader) k_ring.consumer_release(k_stage);
+    ++k_stage;
+    softmax_tile<kBlockN>(p, s, rows, row, int64_t(range.begin) * kBlockN, col_base, masked(range.begin));
 #pragma unroll
-    for (int kb = 0; kb < kBlockN / 16; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
-
-    v_ring.consumer_wait(stage);
-    gemm_pv<In, HeadDim, kBlockN>(o, p_frag, static_cast<uint32_t>(__cvta_generic_to_shared(smem.v[stage.index])));
-    __syncwarp();
-    if (warp_leader) v_ring.consumer_release(stage);
+    for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
   }
+
+  // Steady state: S of tile n and P·V of tile n - 1 in flight together; the softmax of n under the P·V.
+  for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block) {
+    S s;
+    k_ring.consumer_wait(k_stage);
+    turn.wait();
+    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(k_stage.index));
+    v_ring.consumer_wait(v_stage);
+    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(v_stage.index));
+    turn.hand_over(false);
+
+    ptx::wgmma_wait_group<1>();  // S landed; P·V may still run
+    ptx::wgmma_fence_operand(s);
+    __syncwarp();
+    if (warp_leader) k_ring.consumer_release(k_stage);
+    ++k_stage;
+    const Rescale rescale = softmax_tile<kBlockN>(p, s, rows, row, int64_t(n_block) * kBlockN, col_base,
+                                                  masked(n_block));
+
+    ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
+    ptx::wgmma_fence_operand(o);
+#pragma unroll
+    for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
+    __syncwarp();
+    if (warp_leader) v_ring.consumer_release(v_stage);
+    ++v_stage;
+    apply_rescale<HeadDim>(o, rescale);
+#pragma unroll
+    for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
+  }
+
+  // Tail: the last tile's P·V.
+  v_ring.consumer_wait(v_stage);
+  turn.wait();
+  issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(v_stage.index));
+  turn.hand_over(true);
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operand(o);
+  __syncwarp();
+  if (warp_leader) v_ring.consumer_release(v_stage);
 }
 
 }  // namespace fa4::sm90

@@ -24,6 +24,9 @@ struct FwdParams {
   int32_t v_head_step = 1, v_batch_step = 1;
 
   // O: [batch, seqlen_q, heads, head_dim], element strides, head_dim contiguous. LSE: [batch, heads, seqlen_q].
+  // out_map (boxes {64, 64, 1, 1}) when out_tma: base and strides 16-byte aligned, so the epilogue stores by TMA.
+  CUtensorMap out_map;
+  bool out_tma = false;
   void* out = nullptr;
   int64_t out_stride_b = 0, out_stride_s = 0, out_stride_h = 0;
   bool out_pairs_aligned = true;  // base and strides even: a column pair is one aligned 32-bit store
