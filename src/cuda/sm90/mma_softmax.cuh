@@ -128,15 +128,28 @@ __device__ __forceinline__ void apply_rescale(ptx::WgmmaAccumulator<HeadDim>& o,
   for (int i = 0; i < HeadDim / 2; ++i) o.reg[i] *= r.factor[reg_row_half(i)];
 }
 
+// How the softmax reaches log2 units. raw_max (no softcap, scale > 0, the common case): the row max is taken
+// on the raw scores and scaled once (rounding is monotone, so max(rn(s·c)) = rn(max(s)·c) bit for bit), and
+// each MUFU argument is one FFMA s·c - m. transformed (softcap, or a scale <= 0): x = score(s) per element
+// first. Emulated elements always see the host's argument rn(rn(x) - m), so they stay bitwise the host's.
+enum class ScoreForm { raw_max, transformed };
+
+__device__ __forceinline__ ScoreForm score_form(const FwdParams& p) {
+  return !p.score.softcap && p.score.scale_log2 > 0.0f ? ScoreForm::raw_max : ScoreForm::transformed;
+}
+
 // Softmax of one S tile in place (S becomes P in fp32), for the thread's rows `row[2]` and the tile's keys
 // starting at key0 (col_base: this thread's column-pair offset). Updates m and l; returns O's correction.
-template <int BlockN>
+// Every policy test is warp-uniform and sits outside the per-element loops.
+template <ScoreForm Form, int BlockN>
 __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAccumulator<BlockN>& s,
                                                 RowState& rows, const int64_t (&row)[2], int64_t key0, int col_base,
                                                 bool masked) {
-  // Scores in log2 units, masked elements (and keys past seqlen_k) at -inf.
-  float block_max[2] = {-INFINITY, -INFINITY};
-  if (masked) {
+  if constexpr (Form == ScoreForm::transformed) {
+#pragma unroll
+    for (int i = 0; i < BlockN / 2; ++i) s.reg[i] = p.score(s.reg[i]);
+  }
+  if (masked) {  // masked elements (and keys past seqlen_k) to -inf, in either form
     int64_t key_begin[2], key_end[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -147,25 +160,21 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAc
     for (int i = 0; i < BlockN / 2; ++i) {
       const int h = reg_row_half(i);
       const int64_t key = key0 + col_base + reg_col_in_pair_block(i);
-      const float x = (key >= key_begin[h] && key < key_end[h]) ? p.score(s.reg[i]) : -INFINITY;
-      s.reg[i] = x;
-      block_max[h] = fmaxf(block_max[h], x);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < BlockN / 2; ++i) {
-      const float x = p.score(s.reg[i]);
-      s.reg[i] = x;
-      block_max[reg_row_half(i)] = fmaxf(block_max[reg_row_half(i)], x);
+      if (!(key >= key_begin[h] && key < key_end[h])) s.reg[i] = -INFINITY;
     }
   }
+  float block_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int i = 0; i < BlockN / 2; ++i) block_max[reg_row_half(i)] = fmaxf(block_max[reg_row_half(i)], s.reg[i]);
+  const float c = Form == ScoreForm::raw_max ? p.score.scale_log2 : 1.0f;
 
   // Correction decision: per row; O is multiplied later, and only when some row of this warp moved its max.
   Rescale rescale;
   bool any_rescaled = false;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const num::RowMaxUpdate u = num::update_row_max(rows.m[h], quad_max(block_max[h]), p.rescale_threshold);
+    const float tile_max = Form == ScoreForm::raw_max ? quad_max(block_max[h]) * c : quad_max(block_max[h]);
+    const num::RowMaxUpdate u = num::update_row_max(rows.m[h], tile_max, p.rescale_threshold);
     rescale.factor[h] = u.rescaled ? exp2_mufu(u.log2_scale) : 1.0f;
     any_rescaled = any_rescaled || u.rescaled;
     rows.m[h] = u.m;
@@ -173,20 +182,39 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAc
   }
   rescale.any = __any_sync(0xffffffffu, any_rescaled);
 
-  // P = exp2(x - m). The subtraction is an explicit round-to-nearest op so that it is never fused with the
-  // scale multiply: emulated elements then see exactly the host's argument.
+  // P = exp2(x - m), MUFU or emulated per the policy.
   const float m_sub[2] = {num::safe_max(rows.m[0]), num::safe_max(rows.m[1])};
+  const auto mufu_arg = [&](float v, int h) {
+    return Form == ScoreForm::raw_max ? fmaf(v, c, -m_sub[h]) : __fsub_rn(v, m_sub[h]);
+  };
+  if (p.exp2_emulated_per16 == 0) {
+#pragma unroll
+    for (int i = 0; i < BlockN / 2; ++i) {
+      const int h = reg_row_half(i);
+      s.reg[i] = exp2_mufu(mufu_arg(s.reg[i], h));
+      rows.l[h] += s.reg[i];
+    }
+    return rescale;
+  }
 #pragma unroll
   for (int g = 0; g < BlockN / 8; ++g) {
     // Register group g = key columns key0 + 8g .. +7 for every lane: the emulation choice is warp-uniform.
-    const bool emulated = num::exp2_is_emulated(key0 + 8 * g, p.exp2_emulated_per16);
+    if (num::exp2_is_emulated(key0 + 8 * g, p.exp2_emulated_per16)) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int i = 4 * g + j, h = reg_row_half(i);
-      const float arg = __fsub_rn(s.reg[i], m_sub[h]);
-      const float e = emulated ? num::exp2_emulated(arg) : exp2_mufu(arg);
-      s.reg[i] = e;
-      rows.l[h] += e;
+      for (int i = 4 * g; i < 4 * g + 4; ++i) {
+        const int h = reg_row_half(i);
+        // The host's argument: x rounded (never fused with the scale multiply), then x - m rounded.
+        const float x = Form == ScoreForm::raw_max ? __fmul_rn(s.reg[i], c) : s.reg[i];
+        s.reg[i] = num::exp2_emulated(__fsub_rn(x, m_sub[h]));
+        rows.l[h] += s.reg[i];
+      }
+    } else {
+#pragma unroll
+      for (int i = 4 * g; i < 4 * g + 4; ++i) {
+        const int h = reg_row_half(i);
+        s.reg[i] = exp2_mufu(mufu_arg(s.reg[i], h));
+        rows.l[h] += s.reg[i];
+      }
     }
   }
   return rescale;
@@ -219,7 +247,14 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
   constexpr uint32_t kQChunkBytes = uint32_t(kBlockM) * ptx::kSw128RowBytes;
   auto k_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.k[stage])); };
   auto v_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.v[stage])); };
-  auto masked = [&](int32_t n_block) { return !kv_tile_fully_visible<kBlockM, kBlockN>(p, tile.m_block, n_block); };
+  const ScoreForm form = score_form(p);
+  auto softmax = [&](S& s, int32_t n_block) {
+    const bool masked = !kv_tile_fully_visible<kBlockM, kBlockN>(p, tile.m_block, n_block);
+    const int64_t key0 = int64_t(n_block) * kBlockN;
+    return form == ScoreForm::raw_max
+               ? softmax_tile<ScoreForm::raw_max, kBlockN>(p, s, rows, row, key0, col_base, masked)
+               : softmax_tile<ScoreForm::transformed, kBlockN>(p, s, rows, row, key0, col_base, masked);
+  };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const TensorCoreTurn turn(consumer);
   turn.start();
@@ -240,7 +275,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
     __syncwarp();
     if (warp_leader) k_ring.consumer_release(k_stage);
     ++k_stage;
-    softmax_tile<kBlockN>(p, s, rows, row, int64_t(range.begin) * kBlockN, col_base, masked(range.begin));
+    softmax(s, range.begin);
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
   }
@@ -260,8 +295,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
     __syncwarp();
     if (warp_leader) k_ring.consumer_release(k_stage);
     ++k_stage;
-    const Rescale rescale = softmax_tile<kBlockN>(p, s, rows, row, int64_t(n_block) * kBlockN, col_base,
-                                                  masked(n_block));
+    const Rescale rescale = softmax(s, n_block);
 
     ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
     ptx::wgmma_fence_operand(o);
