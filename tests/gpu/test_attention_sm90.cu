@@ -425,6 +425,60 @@ TEST(GpuAttentionSm90, PaddedOutputTakesTheDirectStoresWithTheSameBits) {
   }
 }
 
+// The persistent grid walks many tiles per CTA (static stride, or the causal LPT counter), skipping tiles whose
+// rows see no key, and stages O for consecutive tiles through the same buffers. Every tile's math is the same
+// whatever CTA runs it, so the whole problem in one call (256 tiles on 132 SMs) must give the bits of the same
+// problem cut into per-(batch, kv head) calls of 32 tiles each (one tile per CTA).
+TEST(GpuAttentionSm90, PersistentWalkMatchesOneTilePerCta) {
+  REQUIRE_SM90();
+  const int64_t batch = 2, heads_q = 16, heads_kv = 4, group = heads_q / heads_kv, sq = 900, sk = 600;
+  for (const Instance& row : compiled_instances()) {
+    if (row.dtype != DType::bf16) continue;
+    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
+      const int64_t d = row.head_dim;
+      SCOPED_TRACE("d=" + std::to_string(d) + " mask " + std::to_string(int(m)));
+      auto q = HostTensor::make(row.dtype, {batch, sq, heads_q, d});
+      auto k = HostTensor::make(row.dtype, {batch, sk, heads_kv, d});
+      auto v = HostTensor::make(row.dtype, {batch, sk, heads_kv, d});
+      q.fill_normal(31 + d), k.fill_normal(32 + d), v.fill_normal(33 + d);
+      auto out = HostTensor::make(row.dtype, {batch, sq, heads_q, d});
+      auto lse = HostTensor::make_lse({batch, heads_q, sq});
+      out.poison(), lse.poison();
+      DeviceCopy dq(q, size_t(q.numel())), dk(k, size_t(k.numel())), dv(v, size_t(v.numel())),
+          whole(out, size_t(out.numel())), parts(out, size_t(out.numel())), whole_lse(lse, size_t(lse.numel())),
+          parts_lse(lse, size_t(lse.numel()));
+      const Options o = options_for(m);
+      fa4::forward(dq.desc(), dk.desc(), dv.desc(), whole.desc(), &whole_lse.desc(), o);
+      auto slice = [](fa4::Tensor t, int64_t b, int64_t h, int64_t heads, int hdim) {
+        const size_t es = fa4::element_size(t.dtype);
+        t.data = static_cast<char*>(t.data) + size_t(b * t.stride[0] + h * t.stride[hdim]) * es;
+        t.shape[0] = 1;
+        t.shape[hdim] = heads;
+        return t;
+      };
+      for (int64_t b = 0; b < batch; ++b)
+        for (int64_t kvh = 0; kvh < heads_kv; ++kvh) {
+          const fa4::Tensor lse_part = slice(parts_lse.desc(), b, kvh * group, group, 1);
+          fa4::forward(slice(dq.desc(), b, kvh * group, group, 2), slice(dk.desc(), b, kvh, 1, 2),
+                       slice(dv.desc(), b, kvh, 1, 2), slice(parts.desc(), b, kvh * group, group, 2), &lse_part, o);
+        }
+      CUDA_OK(cudaDeviceSynchronize());
+      auto out_parts = HostTensor::make(row.dtype, {batch, sq, heads_q, d});
+      auto lse_parts = HostTensor::make_lse({batch, heads_q, sq});
+      whole.copy_back(out);
+      whole_lse.copy_back(lse);
+      parts.copy_back(out_parts);
+      parts_lse.copy_back(lse_parts);
+      const std::vector<double> a = out.values(), b = out_parts.values(), la = lse.values(), lb = lse_parts.values();
+      size_t nan = 0;
+      for (double x : a) nan += x != x;
+      EXPECT_EQ(nan, 0u) << "unwritten (poisoned) output elements";
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(double)), 0) << "O differs";
+      EXPECT_EQ(std::memcmp(la.data(), lb.data(), la.size() * sizeof(double)), 0) << "LSE differs";
+    }
+  }
+}
+
 // What the kernel cannot read is refused with Status::unsupported naming the argument, before any launch.
 TEST(GpuAttentionSm90, UnsupportedLayoutsAndPassesAreRefusedClearly) {
   REQUIRE_SM90();

@@ -13,8 +13,8 @@
 // |   128    |   128   |   128   |   2    | 32 + 4·32 = 160 KiB            | 64 + 32 + 64 = 160        |
 // |   256    |   128   |    64   |   2    | 64 + 4·32 = 192 KiB            | 32 + 16 + 128 = 176       |
 //
-// The epilogue stages O through the warpgroup's own rows of the Q tile (free once its last S is computed), so
-// O needs no shared memory of its own.
+// The epilogue stages O in a tile of its own where it fits (d = 64, 128: +16 / +32 KiB), else (d = 256) in the
+// warpgroup's own rows of the Q tile.
 #pragma once
 
 #include <cstdint>
@@ -69,15 +69,20 @@ struct FwdConfig {
   static constexpr int kStages = kTile.stages;
   static constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
   static constexpr int kProducerWarpgroups = 1;  // of which warp 0 works; the rest exit at once
-  // setmaxnreg budgets: the producer gives registers back, the consumers take them (FA3's 24 / 240 split).
-  static constexpr int kProducerRegisters = 24;
-  static constexpr int kConsumerRegisters = 240;
+  // setmaxnreg budgets: the producer gives registers back, the consumers take them. 40 / 232 (CUTLASS's split):
+  // with 24 the producer's tile loop spilled 16 B; the consumers need ~228 at d = 128 (no spill either way).
+  static constexpr int kProducerRegisters = 40;
+  static constexpr int kConsumerRegisters = 232;
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
   static constexpr int kHeadDimChunks = HeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * HeadDim * kElementBytes;
   static constexpr uint32_t kKvTileBytes = uint32_t(kBlockN) * HeadDim * kElementBytes;
   static constexpr uint32_t kTileBytes = kQTileBytes + 2u * kStages * kKvTileBytes;
+  // O is staged for its TMA store in a buffer of its own when one fits (then Q is free, and the next tile's Q
+  // can load, as soon as the last S is computed), else in the warpgroup's rows of the Q tile.
+  static constexpr uint32_t kOTileBytes = kQTileBytes;
+  static constexpr bool kSeparateOStaging = kTileBytes + kOTileBytes + 2048 + kSmemAlignSlack <= kSmemPerBlockMax;
 
   static_assert(kConsumerWarpgroups == 2, "the ping-pong schedule (NamedBarrier) is written for two consumers");
   static_assert(kWarpgroupThreads * (kProducerWarpgroups * kProducerRegisters +

@@ -2,9 +2,10 @@
 // store its 64 rows; LSE (natural log, fp32). A row with no visible key has l = 0: O = 0 and LSE = -inf
 // (num::finalize_row). Rows past seqlen_q are never written.
 // O goes through shared memory and a TMA store when the output is TMA-addressable (p.out_tma): the warpgroup
-// writes its fragments into its own 64 rows of the Q tile (128B-swizzled, the image the store box reads; no
-// other warpgroup reads those rows and its own last S has completed), then one thread stores the head_dim/64
-// boxes. Otherwise (an output stride that is not a multiple of 16 bytes) each thread stores its column pairs.
+// writes its fragments into its 64 rows of the O staging tile (shared_storage.cuh: a tile of its own, or its
+// rows of Q; 128B-swizzled, the image the store box reads), then one thread stores the head_dim/64 boxes; the
+// store completes in the background while the next tile runs. Otherwise (an output stride that is not a
+// multiple of 16 bytes), and for tiles with no visible key (zeros), each thread stores its column pairs.
 #pragma once
 
 #include <cstdint>
@@ -21,10 +22,15 @@
 
 namespace fa4::sm90 {
 
+// by_tma: stage and store by TMA (p.out_tma, and the tile had visible keys). release_q: O is staged in Q's rows;
+// once the store has read them, this warpgroup releases Q to the producer.
 template <ptx::WgmmaInput In, int HeadDim>
-__device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, const WorkTile& tile,
-                              int consumer, ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
-  constexpr int kBlockM = FwdConfig<HeadDim>::kBlockM;
+__device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem,
+                                              const WorkTile& tile, int consumer,
+                                              ConsumerStages<FwdConfig<HeadDim>::kStages>& st, bool by_tma,
+                                              bool release_q, ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
+  using Config = FwdConfig<HeadDim>;
+  constexpr int kBlockM = Config::kBlockM;
   const int thread = threadIdx.x % kWarpgroupThreads;
   const int local_row0 = ptx::accumulator_row(thread, 0);  // within the warpgroup's 64 rows
   const int64_t rows_begin = int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM;
@@ -41,8 +47,14 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
       p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = fin.lse;
   }
 
-  if (p.out_tma) {
-    uint8_t* const staging = smem.q + consumer * kWgmmaM * ptx::kSw128RowBytes;
+  if (by_tma) {
+    uint8_t* const staging = o_staging(smem, consumer);
+    const uint32_t barrier = static_cast<uint32_t>(consumer == 0 ? NamedBarrier::consumer0_epilogue
+                                                                  : NamedBarrier::consumer1_epilogue);
+    if constexpr (Config::kSeparateOStaging) {  // the previous tile's store may still be reading the staging rows
+      if (thread == 0) ptx::tma_store_wait_read<0>();
+      ptx::named_barrier_sync(barrier, kWarpgroupThreads);
+    }
 #pragma unroll
     for (int i = 0; i < HeadDim / 2; i += 2) {
       const int h = reg_row_half(i);
@@ -52,8 +64,7 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
       *reinterpret_cast<uint32_t*>(chunk + ptx::sw128_offset(local_row0 + 8 * h, col % kSw128Columns, 2)) = pair;
     }
     ptx::fence_proxy_async_shared_cta();  // the generic writes above, before the async-proxy store reads them
-    const auto epilogue_barrier = consumer == 0 ? NamedBarrier::consumer0_epilogue : NamedBarrier::consumer1_epilogue;
-    ptx::named_barrier_sync(static_cast<uint32_t>(epilogue_barrier), kWarpgroupThreads);
+    ptx::named_barrier_sync(barrier, kWarpgroupThreads);
     if (thread == 0 && rows_begin < p.seqlen_q) {
 #pragma unroll
       for (int chunk = 0; chunk < HeadDim / kSw128Columns; ++chunk) {
@@ -61,7 +72,11 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
         ptx::tma_store(&p.out_map, coords, staging + chunk * kBlockM * ptx::kSw128RowBytes);
       }
       ptx::tma_store_commit();
-      ptx::tma_store_wait<0>();  // the staging rows are shared memory of a CTA about to exit
+    }
+    if (release_q) {
+      if (thread == 0) ptx::tma_store_wait_read<0>();
+      ptx::named_barrier_sync(barrier, kWarpgroupThreads);
+      release_per_warp(cuda::Pipeline<1>(smem.q_ring), st.q);
     }
     return;
   }

@@ -14,40 +14,67 @@
 namespace fa4::sm90 {
 namespace {
 
-// The role table: warpgroup 0 produces (its warp 0 issues TMA; it gives registers back and its other three
-// warps exit), warpgroups 1 and 2 consume (64 query rows each) and take the registers.
+// The role table: warpgroup 0 produces (its warp 0 issues TMA and walks the tiles; it gives registers back and
+// its other three warps exit), warpgroups 1 and 2 consume (64 query rows each) and take the registers.
 enum class Role { load, mma_softmax_epilogue };
 
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
+
+// A consumer warpgroup: for every tile the producer publishes, the main loop and the epilogue.
+template <ptx::WgmmaInput In, int HeadDim>
+__device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, int consumer) {
+  using Config = FwdConfig<HeadDim>;
+  const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
+  auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
+  ConsumerStages<Config::kStages> st;
+  const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
+  for (;;) {
+    tile_ring.consumer_wait(tile_stage);
+    const int32_t linear = smem.tile_slot[tile_stage.index];
+    release_per_warp(tile_ring, tile_stage);
+    ++tile_stage;
+    if (linear >= p.num_tiles) break;
+
+    const WorkTile tile = work_tile(p, linear);
+    const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
+    ptx::WgmmaAccumulator<HeadDim> o;
+    RowState rows;
+    if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf; nothing was loaded
+#pragma unroll
+      for (int i = 0; i < HeadDim / 2; ++i) o.reg[i] = 0.0f;
+      epilogue_role<In, HeadDim>(p, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false, o, rows);
+      continue;
+    }
+    mma_softmax_role<In, HeadDim>(p, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows);
+    epilogue_role<In, HeadDim>(p, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q, o, rows);
+    ++st.q;
+  }
+  if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
+}
 
 template <ptx::WgmmaInput In, int HeadDim>
 __global__ void __launch_bounds__(FwdConfig<HeadDim>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Config = FwdConfig<HeadDim>;
   FwdSharedStorage<HeadDim>& smem = fwd_shared_storage<HeadDim>();
   if (threadIdx.x == 0) {
-    // K/V fills complete by TMA bytes after the producer's single arrival; a stage is free once every consumer
-    // warp has released it.
+    // K/V/Q fills complete by TMA bytes after the producer's single arrival, a tile index by the producer's
+    // store-and-arrive; a stage is free once every consumer warp has released it.
     constexpr uint32_t kReleases = kReleasesPerConsumerWarpgroup * Config::kConsumerWarpgroups;
     cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kReleases);
     cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
-    ptx::mbarrier_init(&smem.q_full, 1);
-    ptx::fence_barrier_init();
+    cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
+    cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases);
   }
   __syncthreads();
 
-  const WorkTile tile = work_tile(p, blockIdx.x);
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (role_of(warpgroup) == Role::load) {
     ptx::setmaxnreg_dec<Config::kProducerRegisters>();
-    if (threadIdx.x / 32 == 0) load_role<HeadDim>(p, smem, tile);
+    if (threadIdx.x / 32 == 0) load_role<HeadDim>(p, smem);
     return;
   }
   ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
-  ptx::WgmmaAccumulator<HeadDim> o;
-  RowState rows;
-  mma_softmax_role<In, HeadDim>(p, smem, tile, consumer, o, rows);
-  epilogue_role<In, HeadDim>(p, smem, tile, consumer, o, rows);
+  consumer_role<In, HeadDim>(p, smem, warpgroup - 1);
 }
 
 template <DType Dtype>

@@ -3,6 +3,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <array>
 #include <mutex>
 #include <string>
@@ -61,6 +62,20 @@ bool has_forward_kernel(DType dtype, int64_t head_dim) {
 #define FA4_KERNEL(arch, pass, kdtype, kd) FA4_IF_##arch(FA4_IF_##pass(if (dtype == DType::kdtype && head_dim == kd) return true;))
 #include "cuda/instances.def"
   return false;
+}
+
+// SM count of device `index` (cached; 1 if the query fails, which the launch then reports).
+static int64_t multiprocessors(int index) {
+  static std::mutex mu;
+  static std::array<int, 64> count{};
+  if (index < 0 || index >= int(count.size())) return 1;
+  std::lock_guard<std::mutex> lock(mu);
+  if (count[index] == 0 && cudaDeviceGetAttribute(&count[index], cudaDevAttrMultiProcessorCount, index) != cudaSuccess) {
+    cudaGetLastError();
+    count[index] = 0;
+    return 1;
+  }
+  return count[index];
 }
 
 bool device_is_sm90(int index) {
@@ -138,10 +153,10 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;  // no output element
   const uint32_t block_m = fwd_block_m(int(p.head_dim));
   const int64_t num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
-  const int64_t ctas = num_m_blocks * p.heads_q * p.batch;
-  if (ctas > kMaxIndex)
-    unsupported(call, "q", "at most 2^31 - 1 query tiles of " + std::to_string(block_m) + " rows (batch·heads·tiles)",
-                std::to_string(ctas));
+  const int64_t num_tiles = num_m_blocks * p.heads_q * p.batch;
+  if (num_tiles > kMaxIndex / 2)  // the dynamic scheduler hands out up to grid + num_tiles indices
+    unsupported(call, "q", "at most 2^30 query tiles of " + std::to_string(block_m) + " rows (batch·heads·tiles)",
+                std::to_string(num_tiles));
 
   // Everything below (tensor-map encoding included, which needs a current context) runs on the tensors'
   // device; cudaSetDevice also initialises its primary context. The caller's current device is restored.
@@ -192,16 +207,33 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   params.group = int32_t(p.group());
   params.batch = int32_t(p.batch);
   params.num_m_blocks = int32_t(num_m_blocks);
+  params.num_tiles = int32_t(num_tiles);
+  // Causal-shaped work (a row sees more keys the later it is): longest-first through a counter. Windows and
+  // no mask: every tile costs about the same, a static stride over the persistent grid.
+  params.dynamic_schedule = p.mask.right >= 0 && p.mask.left < 0;
   params.mask = p.mask;
   params.score = num::ScoreTransform::make(p.scale, p.softcap);
   params.rescale_threshold = p.rescale_threshold;
   params.exp2_emulated_per16 = p.exp2_emulated_per16;
 
-  const cudaError_t e = launch_fwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(ctas),
-                                          reinterpret_cast<cudaStream_t>(stream));
-  if (e != cudaSuccess)
-    throw Error(Status::cuda_error, std::string(call) + ": sm_90a forward launch failed: " + cudaGetErrorName(e) +
-                                        " (" + cudaGetErrorString(e) + ")");
+  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
+  auto check = [&](cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+      throw Error(Status::cuda_error, std::string(call) + ": " + what + ": " + cudaGetErrorName(e) + " (" +
+                                          cudaGetErrorString(e) + ")");
+  };
+  // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
+  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, multiprocessors(q.device_index)));
+  if (params.dynamic_schedule) {
+    // The tile counter lives in stream-ordered memory: zeroed, used and freed in stream order, so concurrent
+    // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes.
+    check(cudaMallocAsync(reinterpret_cast<void**>(&params.tile_counter), sizeof(uint32_t), cu_stream),
+          "cudaMallocAsync of the 4-byte tile counter");
+    check(cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), cu_stream), "cudaMemsetAsync of the tile counter");
+  }
+  const cudaError_t e = launch_fwd_kernel(p.dtype, int(p.head_dim), params, grid, cu_stream);
+  if (params.dynamic_schedule) cudaFreeAsync(params.tile_counter, cu_stream);
+  check(e, "sm_90a forward launch failed");
 }
 
 }  // namespace fa4::sm90

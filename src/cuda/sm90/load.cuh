@@ -1,6 +1,7 @@
-// Load role: one producer warp; one elected lane issues every TMA of the CTA. Q once (its own barrier), then
-// for each visible K/V tile a K load into the K ring and a V load into the V ring, each stage acquired from the
-// Pipeline (blocks while the consumers still read it) and armed with the exact byte count it will receive.
+// Load role: one producer warp; one elected lane walks the CTA's work tiles (TileScheduler), publishes each to
+// the consumers, and issues every TMA: Q into its one-stage ring, and for each visible K/V tile a K load into
+// the K ring and a V load into the V ring, each stage acquired from its Pipeline (blocks while the consumers
+// still read it) and armed with the exact byte count it will receive.
 // A tile that runs past seqlen_k (or a Q tile past seqlen_q) is zero-filled by TMA; the bytes still count.
 #pragma once
 
@@ -26,35 +27,65 @@ __device__ __forceinline__ void load_tile(uint8_t* smem_tile, const CUtensorMap*
   }
 }
 
+// Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once both
+// consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q
+// so that it streams while the consumers finish the previous tile.
 template <int HeadDim>
-__device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, const WorkTile& tile) {
+__device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem) {
   using Config = FwdConfig<HeadDim>;
   using Ring = cuda::Pipeline<Config::kStages>;
-  const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
-  // Nothing visible: the consumers write zeros without waiting for anything, so nothing may be in flight.
-  if (range.empty() || !ptx::elect_one_sync()) return;
+  if (!ptx::elect_one_sync()) return;
 
   ptx::prefetch_tensormap(&p.q_map);
   ptx::prefetch_tensormap(&p.k_map);
   ptx::prefetch_tensormap(&p.v_map);
 
-  ptx::mbarrier_arrive_expect_tx(&smem.q_full, Config::kQTileBytes);
-  load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, tile.m_block * Config::kBlockM, tile.head * p.q_head_step,
-                                      tile.batch * p.q_batch_step, &smem.q_full);
-
-  const int32_t kv_head = tile.head / p.group;
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
-  auto stage = cuda::producer_start_state<Config::kStages>();
-  for (int32_t n_block = range.begin; n_block < range.end; ++n_block, ++stage) {
-    const int32_t key0 = n_block * Config::kBlockN;
-    k_ring.producer_acquire(stage);
-    k_ring.producer_expect_tx(stage, Config::kKvTileBytes);
-    load_tile<HeadDim, Config::kBlockN>(smem.k[stage.index], &p.k_map, key0, kv_head * p.k_head_step,
-                                        tile.batch * p.k_batch_step, k_ring.full_barrier(stage));
-    v_ring.producer_acquire(stage);
-    v_ring.producer_expect_tx(stage, Config::kKvTileBytes);
-    load_tile<HeadDim, Config::kBlockN>(smem.v[stage.index], &p.v_map, key0, kv_head * p.v_head_step,
-                                        tile.batch * p.v_batch_step, v_ring.full_barrier(stage));
+  const cuda::Pipeline<1> q_ring(smem.q_ring);
+  const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
+  auto kv_stage = cuda::producer_start_state<Config::kStages>();
+  auto q_stage = cuda::producer_start_state<1>();
+  auto tile_stage = cuda::producer_start_state<kTileRingStages>();
+  const TileScheduler scheduler(p);
+  for (int32_t linear = scheduler.first();; linear = scheduler.next(linear)) {
+    tile_ring.producer_acquire(tile_stage);
+    smem.tile_slot[tile_stage.index] = linear;
+    tile_ring.producer_commit(tile_stage);
+    ++tile_stage;
+    if (linear >= p.num_tiles) return;
+
+    const WorkTile tile = work_tile(p, linear);
+    const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
+    if (range.empty()) continue;  // the consumers write zeros without waiting for anything
+    const int32_t kv_head = tile.head / p.group;
+    auto load_k = [&](int32_t n_block) {
+      k_ring.producer_acquire(kv_stage);
+      k_ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
+      load_tile<HeadDim, Config::kBlockN>(smem.k[kv_stage.index], &p.k_map, n_block * Config::kBlockN,
+                                          kv_head * p.k_head_step, tile.batch * p.k_batch_step,
+                                          k_ring.full_barrier(kv_stage));
+    };
+    auto load_v = [&](int32_t n_block) {
+      v_ring.producer_acquire(kv_stage);
+      v_ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
+      load_tile<HeadDim, Config::kBlockN>(smem.v[kv_stage.index], &p.v_map, n_block * Config::kBlockN,
+                                          kv_head * p.v_head_step, tile.batch * p.v_batch_step,
+                                          v_ring.full_barrier(kv_stage));
+    };
+
+    load_k(range.begin);
+    q_ring.producer_acquire(q_stage);
+    q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
+    load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, tile.m_block * Config::kBlockM,
+                                        tile.head * p.q_head_step, tile.batch * p.q_batch_step,
+                                        q_ring.full_barrier(q_stage));
+    ++q_stage;
+    load_v(range.begin);
+    ++kv_stage;
+    for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block, ++kv_stage) {
+      load_k(n_block);
+      load_v(n_block);
+    }
   }
 }
 

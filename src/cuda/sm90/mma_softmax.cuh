@@ -39,9 +39,9 @@ struct RowState {
 inline constexpr uint32_t kReleasesPerConsumerWarpgroup = 4;
 
 // Ping-pong between the two consumer warpgroups: consumer c may issue GEMMs once the other has handed over.
-// Consumer 0 starts (consumer 1 hands over once at the start). Both walk the same K/V tiles, so they take the
-// same number of turns; the very last hand-over (consumer 1 to consumer 0, who has nothing left) is skipped
-// so that no barrier is left half-arrived.
+// Per work tile: consumer 0 starts (consumer 1 hands over once at the start). Both walk the same K/V tiles, so
+// they take the same number of turns; the tile's last hand-over (consumer 1 to consumer 0, who has nothing
+// left in this tile) is skipped, so each tile leaves both barriers balanced.
 class TensorCoreTurn {
  public:
   __device__ explicit TensorCoreTurn(int consumer) : consumer_(consumer) {}
@@ -220,11 +220,29 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAc
   return rescale;
 }
 
-// The consumer warpgroup `consumer`'s main loop over the visible K/V tiles. On return O holds the unnormalised
-// output of this thread's rows and `rows` their (m, thread-local l).
+// A consumer warpgroup's positions in the rings it reads; they carry over from one work tile to the next.
+template <int Stages>
+struct ConsumerStages {
+  cuda::PipelineState<Stages> k = cuda::consumer_start_state<Stages>();
+  cuda::PipelineState<Stages> v = cuda::consumer_start_state<Stages>();
+  cuda::PipelineState<1> q = cuda::consumer_start_state<1>();
+};
+
+// One arrival per consumer warp (after __syncwarp: every lane is done with the stage).
+template <int Stages>
+__device__ __forceinline__ void release_per_warp(const cuda::Pipeline<Stages>& ring, cuda::PipelineState<Stages> st) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) ring.consumer_release(st);
+}
+
+// The consumer warpgroup `consumer`'s main loop over a work tile's visible K/V tiles `range` (not empty). On
+// return O holds the unnormalised output of this thread's rows and `rows` their (m, thread-local l). Q is
+// released after the last S when release_q is set (else the epilogue releases it after staging O in it).
 template <ptx::WgmmaInput In, int HeadDim>
-__device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, const WorkTile& tile,
-                                 int consumer, ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
+__device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem,
+                                                 const WorkTile& tile, const KvTileRange& range, int consumer,
+                                                 ConsumerStages<FwdConfig<HeadDim>::kStages>& st, bool release_q,
+                                                 ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
   using Config = FwdConfig<HeadDim>;
   using Ring = cuda::Pipeline<Config::kStages>;
   using S = ptx::WgmmaAccumulator<Config::kBlockN>;
@@ -233,11 +251,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
 
 #pragma unroll
   for (int i = 0; i < HeadDim / 2; ++i) o.reg[i] = 0.0f;
-  const KvTileRange range = kv_tile_range<kBlockM, kBlockN>(p, tile.m_block);
-  if (range.empty()) return;  // every row fully masked (or seqlen_k == 0): O = 0, l = 0 -> LSE = -inf
 
   const int thread = threadIdx.x % kWarpgroupThreads;
-  const bool warp_leader = threadIdx.x % 32 == 0;
   const int64_t row0 = int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM + ptx::accumulator_row(thread, 0);
   const int64_t row[2] = {row0, row0 + 8};
   const int col_base = 2 * (thread % 4);
@@ -256,25 +271,27 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
                : softmax_tile<ScoreForm::transformed, kBlockN>(p, s, rows, row, key0, col_base, masked);
   };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
+  const cuda::Pipeline<1> q_ring(smem.q_ring);
   const TensorCoreTurn turn(consumer);
   turn.start();
-  ptx::mbarrier_wait_parity(&smem.q_full, 0);
+  q_ring.consumer_wait(st.q);
+  auto s_done = [&](int32_t n_block) {  // the S of n_block has landed: its K (and after the last, Q) is free
+    release_per_warp(k_ring, st.k);
+    ++st.k;
+    if (n_block == range.end - 1 && release_q) release_per_warp(q_ring, st.q);
+  };
 
   // Prologue: S of the first tile, its softmax; nothing to overlap with yet.
-  auto k_stage = cuda::consumer_start_state<Config::kStages>();
-  auto v_stage = k_stage;
   ptx::WgmmaFragmentA p_frag[kKSteps];
   {
     S s;
-    k_ring.consumer_wait(k_stage);
+    k_ring.consumer_wait(st.k);
     turn.wait();
-    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(k_stage.index));
+    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
     turn.hand_over(false);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(s);
-    __syncwarp();
-    if (warp_leader) k_ring.consumer_release(k_stage);
-    ++k_stage;
+    s_done(range.begin);
     softmax(s, range.begin);
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
@@ -283,41 +300,38 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
   // Steady state: S of tile n and P·V of tile n - 1 in flight together; the softmax of n under the P·V.
   for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block) {
     S s;
-    k_ring.consumer_wait(k_stage);
+    k_ring.consumer_wait(st.k);
     turn.wait();
-    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(k_stage.index));
-    v_ring.consumer_wait(v_stage);
-    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(v_stage.index));
+    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
+    v_ring.consumer_wait(st.v);
+    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
     turn.hand_over(false);
 
     ptx::wgmma_wait_group<1>();  // S landed; P·V may still run
     ptx::wgmma_fence_operand(s);
-    __syncwarp();
-    if (warp_leader) k_ring.consumer_release(k_stage);
-    ++k_stage;
+    s_done(n_block);
     const Rescale rescale = softmax(s, n_block);
 
     ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
     ptx::wgmma_fence_operand(o);
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
-    __syncwarp();
-    if (warp_leader) v_ring.consumer_release(v_stage);
-    ++v_stage;
+    release_per_warp(v_ring, st.v);
+    ++st.v;
     apply_rescale<HeadDim>(o, rescale);
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
   }
 
   // Tail: the last tile's P·V.
-  v_ring.consumer_wait(v_stage);
+  v_ring.consumer_wait(st.v);
   turn.wait();
-  issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(v_stage.index));
+  issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
   turn.hand_over(true);
   ptx::wgmma_wait_group<0>();
   ptx::wgmma_fence_operand(o);
-  __syncwarp();
-  if (warp_leader) v_ring.consumer_release(v_stage);
+  release_per_warp(v_ring, st.v);
+  ++st.v;
 }
 
 }  // namespace fa4::sm90

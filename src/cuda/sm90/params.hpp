@@ -38,6 +38,9 @@ struct FwdParams {
   int32_t group = 1;  // query heads per kv head: kv head = h / group
   int32_t batch = 0;
   int32_t num_m_blocks = 0;  // ceil(seqlen_q / block_m)
+  int32_t num_tiles = 0;     // num_m_blocks · heads_q · batch
+  bool dynamic_schedule = false;    // causal: LPT order through tile_counter (scheduler.cuh)
+  uint32_t* tile_counter = nullptr;  // zeroed on the stream before each launch that uses it
 
   num::Mask mask;
   num::ScoreTransform score;    // raw q·k -> log2 units (scale, softcap)

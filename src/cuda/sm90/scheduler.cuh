@@ -1,6 +1,12 @@
-// Which work tile a CTA owns and which K/V tiles it visits. Non-persistent for now: one CTA per (query block,
-// head, batch) on a 1-D grid. Query blocks are handed out last-first so that, under a causal mask, the longest
-// rows start first (LPT) and the short ones fill the tail.
+// Which work tiles a CTA owns and which K/V tiles each visits. The grid is persistent (one CTA per SM, launch.cu)
+// and walks tiles in a linear order:
+//   non-causal: static, CTA c takes c, c + grid, c + 2·grid, ... ; query blocks fastest, so the CTAs running
+//               at once share the K/V of few heads in L2;
+//   causal:     dynamic longest-first (LPT): the order puts the longest rows (the last query blocks, which see
+//               the most keys) first, and a CTA that finishes takes the next tile from a global counter, so
+//               the short tiles fill the tail wherever time is left.
+// The producer warp picks the next tile and publishes it to the consumers through a shared-memory ring
+// (kernel_fwd.cu), so every role of a CTA works on the same tile.
 #pragma once
 
 #include <cstdint>
@@ -10,20 +16,44 @@
 namespace fa4::sm90 {
 
 struct WorkTile {
-  int32_t m_block;  // query rows [64·m_block, 64·m_block + block_m)
+  int32_t m_block;  // query rows [block_m·m_block, block_m·(m_block + 1))
   int32_t head;     // query head
   int32_t batch;
 };
 
-__device__ __forceinline__ WorkTile work_tile(const FwdParams& p, uint32_t linear) {
+// Tile `linear` of the order above (linear < p.num_tiles).
+__device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int32_t linear) {
   WorkTile t;
-  const uint32_t per_batch = uint32_t(p.num_m_blocks) * uint32_t(p.heads_q);
-  t.batch = int32_t(linear / per_batch);
-  const uint32_t rest = linear - uint32_t(t.batch) * per_batch;
-  t.head = int32_t(rest / uint32_t(p.num_m_blocks));
-  t.m_block = p.num_m_blocks - 1 - int32_t(rest % uint32_t(p.num_m_blocks));
+  const uint32_t n = uint32_t(linear);
+  if (p.dynamic_schedule) {  // LPT: query blocks slowest, last first; then heads, then batch
+    const uint32_t per_block = uint32_t(p.heads_q) * uint32_t(p.batch);
+    t.m_block = p.num_m_blocks - 1 - int32_t(n / per_block);
+    const uint32_t rest = n % per_block;
+    t.head = int32_t(rest % uint32_t(p.heads_q));
+    t.batch = int32_t(rest / uint32_t(p.heads_q));
+  } else {  // query blocks fastest, then heads, then batch
+    t.m_block = int32_t(n % uint32_t(p.num_m_blocks));
+    const uint32_t rest = n / uint32_t(p.num_m_blocks);
+    t.head = int32_t(rest % uint32_t(p.heads_q));
+    t.batch = int32_t(rest / uint32_t(p.heads_q));
+  }
   return t;
 }
+
+// The producer's walk over tiles: first() and next() give linear tile indices; num_tiles or more means done.
+class TileScheduler {
+ public:
+  __device__ explicit TileScheduler(const FwdParams& p) : p_(p) {}
+  __device__ int32_t first() const { return int32_t(blockIdx.x); }
+  __device__ int32_t next(int32_t current) const {
+    if (!p_.dynamic_schedule) return current + int32_t(gridDim.x);
+    // Every CTA's first tile is its blockIdx; the counter hands out the rest in order.
+    return int32_t(gridDim.x) + int32_t(atomicAdd(p_.tile_counter, 1u));
+  }
+
+ private:
+  const FwdParams& p_;
+};
 
 // K/V tiles [begin, end) that hold at least one key visible to a valid row of the tile: the union of the rows'
 // visible ranges (both ends are monotone in the row). Empty when seqlen_k is 0 or every row is masked out.

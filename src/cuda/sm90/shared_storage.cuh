@@ -11,16 +11,23 @@
 
 namespace fa4::sm90 {
 
+inline constexpr int kTileRingStages = 2;  // tile indices published ahead by the producer
+
 template <int HeadDim>
 struct FwdSharedStorage {
   using Config = FwdConfig<HeadDim>;
   alignas(ptx::kSw128Alignment) uint8_t q[Config::kQTileBytes];
   alignas(ptx::kSw128Alignment) uint8_t k[Config::kStages][Config::kKvTileBytes];
   alignas(ptx::kSw128Alignment) uint8_t v[Config::kStages][Config::kKvTileBytes];
+  // O staging for the TMA store, same image as Q ([head_dim/64][block_m][128 B]); 1 byte when O uses Q's rows.
+  alignas(ptx::kSw128Alignment) uint8_t o[Config::kSeparateOStaging ? Config::kOTileBytes : 1];
   cuda::PipelineBarriers<Config::kStages> k_ring;  // load -> mma: K tile landed / consumers done with it
   cuda::PipelineBarriers<Config::kStages> v_ring;  // load -> mma: V tile landed / consumers done with it
-  alignas(8) uint64_t q_full;                      // load -> mma: the Q tile landed (one phase per CTA)
+  cuda::PipelineBarriers<1> q_ring;                // load -> mma: Q landed / both consumers done with it
+  cuda::PipelineBarriers<kTileRingStages> tile_ring;  // load -> mma: the next work tile's index is published
+  int32_t tile_slot[kTileRingStages];              // linear tile index; >= num_tiles: no more work
 };
+
 
 // Bytes to request at launch: the struct plus the slack that lets the kernel round the base up to 1024.
 template <int HeadDim>
@@ -29,6 +36,13 @@ constexpr uint32_t fwd_smem_bytes() {
 }
 
 #if defined(__CUDACC__)
+// Where consumer warpgroup `consumer` stages its 64 rows of O (chunks block_m·128 bytes apart, as in Q).
+template <int HeadDim>
+__device__ __forceinline__ uint8_t* o_staging(FwdSharedStorage<HeadDim>& smem, int consumer) {
+  uint8_t* base = FwdConfig<HeadDim>::kSeparateOStaging ? smem.o : smem.q;
+  return base + consumer * kWgmmaM * ptx::kSw128RowBytes;
+}
+
 // The dynamic shared-memory base rounded up to the 1024-byte swizzle repeat (the descriptors use base offset 0).
 template <int HeadDim>
 __device__ __forceinline__ FwdSharedStorage<HeadDim>& fwd_shared_storage() {
