@@ -427,11 +427,12 @@ TEST(GpuAttentionSm90, PaddedOutputTakesTheDirectStoresWithTheSameBits) {
 
 // The persistent grid walks many tiles per CTA (static stride, or the causal LPT counter), skipping tiles whose
 // rows see no key, and stages O for consecutive tiles through the same buffers. Every tile's math is the same
-// whatever CTA runs it, so the whole problem in one call (256 tiles on 132 SMs) must give the bits of the same
-// problem cut into per-(batch, kv head) calls of 32 tiles each (one tile per CTA).
+// whatever CTA runs it, so the whole problem in one call (320 tiles on 132 SMs) must give the bits of the same
+// problem cut into per-(batch, kv head) calls of 40 tiles each (one tile per CTA). At d = 256 the causal LPT
+// order has two L2 sections of (batch, head) pairs (28 + 4 on a 50 MB L2); rows 0..299 see no key.
 TEST(GpuAttentionSm90, PersistentWalkMatchesOneTilePerCta) {
   REQUIRE_SM90();
-  const int64_t batch = 2, heads_q = 16, heads_kv = 4, group = heads_q / heads_kv, sq = 900, sk = 600;
+  const int64_t batch = 2, heads_q = 16, heads_kv = 4, group = heads_q / heads_kv, sq = 1200, sk = 900;
   for (const Instance& row : compiled_instances()) {
     if (row.dtype != DType::bf16) continue;
     for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {

@@ -64,18 +64,21 @@ bool has_forward_kernel(DType dtype, int64_t head_dim) {
   return false;
 }
 
-// SM count of device `index` (cached; 1 if the query fails, which the launch then reports).
-static int64_t multiprocessors(int index) {
+// One of the two device attributes used here (SM count, L2 size) of device `index`, cached; 1 if the query
+// fails (the launch that follows then reports the device's error).
+static int64_t device_attribute(int index, cudaDeviceAttr attr) {
   static std::mutex mu;
-  static std::array<int, 64> count{};
-  if (index < 0 || index >= int(count.size())) return 1;
+  static std::array<std::array<int, 2>, 64> cache{};
+  const int slot = attr == cudaDevAttrMultiProcessorCount ? 0 : 1;
+  if (index < 0 || index >= int(cache.size())) return 1;
   std::lock_guard<std::mutex> lock(mu);
-  if (count[index] == 0 && cudaDeviceGetAttribute(&count[index], cudaDevAttrMultiProcessorCount, index) != cudaSuccess) {
+  int& v = cache[index][slot];
+  if (v == 0 && (cudaDeviceGetAttribute(&v, attr, index) != cudaSuccess || v <= 0)) {
     cudaGetLastError();
-    count[index] = 0;
+    v = 0;
     return 1;
   }
-  return count[index];
+  return v;
 }
 
 bool device_is_sm90(int index) {
@@ -211,6 +214,11 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   // Causal-shaped work (a row sees more keys the later it is): longest-first through a counter. Windows and
   // no mask: every tile costs about the same, a static stride over the persistent grid.
   params.dynamic_schedule = p.mask.right >= 0 && p.mask.left < 0;
+  {  // LPT sections: as many (batch, head) pairs as have K and V together in half of L2
+    const int64_t kv_bytes = std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(element_size(p.dtype)));
+    const int64_t pairs = p.heads_q * p.batch;
+    params.lpt_section = int32_t(std::clamp<int64_t>(device_attribute(q.device_index, cudaDevAttrL2CacheSize) / 2 / kv_bytes, 1, pairs));
+  }
   params.mask = p.mask;
   params.score = num::ScoreTransform::make(p.scale, p.softcap);
   params.rescale_threshold = p.rescale_threshold;
@@ -223,7 +231,7 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
                                           cudaGetErrorString(e) + ")");
   };
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
-  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, multiprocessors(q.device_index)));
+  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, device_attribute(q.device_index, cudaDevAttrMultiProcessorCount)));
   if (params.dynamic_schedule) {
     // The tile counter lives in stream-ordered memory: zeroed, used and freed in stream order, so concurrent
     // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes.

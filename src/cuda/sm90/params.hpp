@@ -41,6 +41,7 @@ struct FwdParams {
   int32_t num_tiles = 0;     // num_m_blocks · heads_q · batch
   bool dynamic_schedule = false;    // causal: LPT order through tile_counter (scheduler.cuh)
   uint32_t* tile_counter = nullptr;  // zeroed on the stream before each launch that uses it
+  int32_t lpt_section = 1;           // (batch, head) pairs per L2 section of the LPT order
 
   num::Mask mask;
   num::ScoreTransform score;    // raw q·k -> log2 units (scale, softcap)

@@ -3,8 +3,8 @@
 //   non-causal: static, CTA c takes c, c + grid, c + 2·grid, ... ; query blocks fastest, so the CTAs running
 //               at once share the K/V of few heads in L2;
 //   causal:     dynamic longest-first (LPT): the order puts the longest rows (the last query blocks, which see
-//               the most keys) first, and a CTA that finishes takes the next tile from a global counter, so
-//               the short tiles fill the tail wherever time is left.
+//               the most keys) first, within sections of heads whose K/V fit in L2, and a CTA that finishes
+//               takes the next tile from a global counter, so the short tiles fill the tail.
 // The producer warp picks the next tile and publishes it to the consumers through a shared-memory ring
 // (kernel_fwd.cu), so every role of a CTA works on the same tile.
 #pragma once
@@ -25,12 +25,19 @@ struct WorkTile {
 __device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int32_t linear) {
   WorkTile t;
   const uint32_t n = uint32_t(linear);
-  if (p.dynamic_schedule) {  // LPT: query blocks slowest, last first; then heads, then batch
-    const uint32_t per_block = uint32_t(p.heads_q) * uint32_t(p.batch);
-    t.m_block = p.num_m_blocks - 1 - int32_t(n / per_block);
-    const uint32_t rest = n % per_block;
-    t.head = int32_t(rest % uint32_t(p.heads_q));
-    t.batch = int32_t(rest / uint32_t(p.heads_q));
+  if (p.dynamic_schedule) {
+    // LPT inside sections of lpt_section (batch, head) pairs whose K/V fit in L2 together: sections one after
+    // the other, inside a section query blocks slowest (last first), then the pairs. Longest-first over the whole
+    // problem would run every head's K/V through L2 at once.
+    const uint32_t pairs = uint32_t(p.heads_q) * uint32_t(p.batch), blocks = uint32_t(p.num_m_blocks);
+    const uint32_t section = n / (uint32_t(p.lpt_section) * blocks);
+    const uint32_t first_pair = section * uint32_t(p.lpt_section);
+    const uint32_t width = min(uint32_t(p.lpt_section), pairs - first_pair);
+    const uint32_t rest = n - first_pair * blocks;
+    t.m_block = p.num_m_blocks - 1 - int32_t(rest / width);
+    const uint32_t pair = first_pair + rest % width;
+    t.head = int32_t(pair % uint32_t(p.heads_q));
+    t.batch = int32_t(pair / uint32_t(p.heads_q));
   } else {  // query blocks fastest, then heads, then batch
     t.m_block = int32_t(n % uint32_t(p.num_m_blocks));
     const uint32_t rest = n / uint32_t(p.num_m_blocks);

@@ -56,7 +56,7 @@ template <int HeadDim>
 constexpr bool fwd_smem_fits() {
   return fwd_smem_bytes<HeadDim>() <= kSmemPerBlockMax;
 }
-static_assert(fwd_smem_fits<64>() && fwd_smem_fits<128>() && fwd_smem_fits<256>(),
+static_assert(fwd_smem_fits<64>() && fwd_smem_fits<128>() && fwd_smem_fits<192>() && fwd_smem_fits<256>(),
               "a tile-table row does not fit the 227 KiB of shared memory");
 
 }  // namespace fa4::sm90
