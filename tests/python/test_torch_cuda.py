@@ -164,6 +164,43 @@ def test_cuda_graph_capture_and_replay():
             torch.testing.assert_close(replayed, expected, rtol=0, atol=0)
 
 
+def test_forward_opcheck_on_cuda():
+    """The forward alone (inputs without grad), so it runs wherever the CUDA forward does."""
+    require_kernels(torch.bfloat16)
+    q, k, v = cuda_tensors(2, 64, 96, 4, 2, 128)
+    for causal in (False, True):
+        torch.library.opcheck(torch.ops.fa4.forward.default, (q, k, v, None, causal, -1, -1, 0.0, False))
+
+
+def test_forward_torch_compile_fullgraph_on_cuda():
+    require_kernels(torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(attention_block, fullgraph=True)
+    inputs = cuda_tensors(2, 128, 256, 8, 2, 128)
+    torch.testing.assert_close(compiled(*inputs), attention_block(*inputs), rtol=1e-5, atol=1e-5)  # sum order
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_cuda_graph_capture_and_replay(causal):
+    """Causal calls allocate their tile counter stream-ordered: the capture must record it and replays reuse it."""
+    require_kernels(torch.bfloat16)
+    q, k, v = cuda_tensors(2, 300, 700, 8, 2, 128)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fa4.flash_attn_func(q, k, v, causal=causal)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fa4.flash_attn_func(q, k, v, causal=causal)
+    for seed in (1, 2, 3):
+        new_q, new_k, new_v = cuda_tensors(2, 300, 700, 8, 2, 128, seed=seed)
+        q.copy_(new_q), k.copy_(new_k), v.copy_(new_v)
+        graph.replay()
+        torch.testing.assert_close(captured, fa4.flash_attn_func(q, k, v, causal=causal), rtol=0, atol=0)
+
+
 def test_call_overhead_for_a_decode_shape(measurements):
     """Host time of one flash_attn_func call (Python, ctypes, validation, launch) for a decode step, and the
     time of the same call replayed from a CUDA graph, where that host work is gone."""
