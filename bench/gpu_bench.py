@@ -91,7 +91,7 @@ def parse_args(argv=None):
     if a.seqlens is None:
         a.seqlens = list(QUICK_SEQLENS if a.quick else DEFAULT_SEQLENS)
     if a.head_dims is None:
-        a.head_dims = list(QUICK_HEAD_DIMS if a.quick else (64, 128, 192, 256))
+        a.head_dims = list(QUICK_HEAD_DIMS if a.quick else (64, 128, 256))
     if a.flex_seqlens is None:
         a.flex_seqlens = list(QUICK_FLEX_SEQLENS if a.quick else DEFAULT_FLEX_SEQLENS)
     for s in a.seqlens:

@@ -31,7 +31,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   for (;;) {
     tile_ring.consumer_wait(tile_stage);
     const int32_t linear = smem.tile_slot[tile_stage.index];
-    release_per_warp(tile_ring, tile_stage);
+    tile_ring.consumer_release(tile_stage);  // every reading thread arrives (a plain shared-memory read)
     ++tile_stage;
     if (linear >= p.num_tiles) break;
 
@@ -58,12 +58,14 @@ __global__ void __launch_bounds__(FwdConfig<HeadDim>::kThreads, 1) fwd_kernel(co
   FwdSharedStorage<HeadDim>& smem = fwd_shared_storage<HeadDim>();
   if (threadIdx.x == 0) {
     // K/V/Q fills complete by TMA bytes after the producer's single arrival, a tile index by the producer's
-    // store-and-arrive; a stage is free once every consumer warp has released it.
+    // store-and-arrive. A K/V/Q stage is free once every consumer warp has released it (after its wgmma wait);
+    // a tile slot once every consumer thread has read it and arrived (compute-sanitizer's racecheck reported
+    // the slot's reuse as a race when one lane per warp arrived after __syncwarp).
     constexpr uint32_t kReleases = kReleasesPerConsumerWarpgroup * Config::kConsumerWarpgroups;
     cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kReleases);
     cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
     cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
-    cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases);
+    cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kWarpgroupThreads * Config::kConsumerWarpgroups);
   }
   __syncthreads();
 
