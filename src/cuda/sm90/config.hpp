@@ -73,9 +73,10 @@ struct FwdConfig {
   static constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
   static constexpr int kProducerWarpgroups = 1;  // of which warp 0 works; the rest exit at once
   // setmaxnreg budgets: the producer gives registers back, the consumers take them. 40 / 232 (CUTLASS's split):
-  // with 24 the producer's tile loop spilled 16 B; the consumers need ~228 at d = 128 (no spill either way).
-  static constexpr int kProducerRegisters = 40;
-  static constexpr int kConsumerRegisters = 232;
+  // with 24 the producer's tile loop spills 16 B; the consumers need ~228 at d = 128. d = 256 holds a 128-float O
+  // per thread and spilled 112 B under 232; with 24 / 240 the kernel spills 52 B (producer and consumer).
+  static constexpr int kProducerRegisters = HeadDim >= 256 ? 24 : 40;
+  static constexpr int kConsumerRegisters = HeadDim >= 256 ? 240 : 232;
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
   static constexpr int kHeadDimChunks = HeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
