@@ -58,20 +58,16 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<H
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
     if (range.empty()) continue;  // the consumers write zeros without waiting for anything
     const int32_t kv_head = tile.head / p.group;
-    auto load_k = [&](int32_t n_block) {
-      k_ring.producer_acquire(kv_stage);
-      k_ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
-      load_tile<HeadDim, Config::kBlockN>(smem.k[kv_stage.index], &p.k_map, n_block * Config::kBlockN,
-                                          kv_head * p.k_head_step, tile.batch * p.k_batch_step,
-                                          k_ring.full_barrier(kv_stage));
+    // One K or V tile into its ring (K and V rings step together, on kv_stage).
+    auto load_kv = [&](const Ring& ring, uint8_t (&tiles)[Config::kStages][Config::kKvTileBytes],
+                       const CUtensorMap* map, int32_t head_step, int32_t batch_step, int32_t n_block) {
+      ring.producer_acquire(kv_stage);
+      ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
+      load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, n_block * Config::kBlockN,
+                                          kv_head * head_step, tile.batch * batch_step, ring.full_barrier(kv_stage));
     };
-    auto load_v = [&](int32_t n_block) {
-      v_ring.producer_acquire(kv_stage);
-      v_ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
-      load_tile<HeadDim, Config::kBlockN>(smem.v[kv_stage.index], &p.v_map, n_block * Config::kBlockN,
-                                          kv_head * p.v_head_step, tile.batch * p.v_batch_step,
-                                          v_ring.full_barrier(kv_stage));
-    };
+    auto load_k = [&](int32_t n_block) { load_kv(k_ring, smem.k, &p.k_map, p.k_head_step, p.k_batch_step, n_block); };
+    auto load_v = [&](int32_t n_block) { load_kv(v_ring, smem.v, &p.v_map, p.v_head_step, p.v_batch_step, n_block); };
 
     load_k(range.begin);
     q_ring.producer_acquire(q_stage);
