@@ -15,10 +15,19 @@ namespace {
 
 #if defined(FA4_WITH_SM90)
 // "bf16 d64, bf16 d128, ...": the compiled rows, for messages.
+// "sm90 fwd bf16 d64/128/256, sm90 fwd f16 d64/128/256": head dims of consecutive rows that share
+// (arch, pass, dtype) join one entry, so the message stays short as rows are added.
 std::string compiled_kernels() {
-  std::string list;
-#define FA4_KERNEL(arch, pass, dtype, head_dim) \
-  list += std::string(list.empty() ? "" : ", ") + #arch " " #pass " " #dtype " d" #head_dim;
+  std::string list, prefix;
+  auto add = [&](const std::string& row_prefix, const char* head_dim) {
+    if (row_prefix == prefix) {
+      list += std::string("/") + head_dim;
+      return;
+    }
+    list += (list.empty() ? "" : ", ") + row_prefix + " d" + head_dim;
+    prefix = row_prefix;
+  };
+#define FA4_KERNEL(arch, pass, dtype, head_dim) add(#arch " " #pass " " #dtype, #head_dim);
 #include "cuda/instances.def"
   return list;
 }
