@@ -206,19 +206,20 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   }
   params.seqlen_q = int32_t(p.seqlen_q);
   params.seqlen_k = int32_t(p.seqlen_k);
-  params.heads_q = int32_t(p.heads_q);
   params.group = int32_t(p.group());
-  params.batch = int32_t(p.batch);
-  params.num_m_blocks = int32_t(num_m_blocks);
-  params.num_tiles = int32_t(num_tiles);
+  params.order.num_m_blocks = int32_t(num_m_blocks);
+  params.order.heads_q = int32_t(p.heads_q);
+  params.order.batch = int32_t(p.batch);
   // Causal-shaped work (a row sees more keys the later it is): longest-first through a counter. Windows and
   // no mask: every tile costs about the same, a static stride over the persistent grid.
-  params.dynamic_schedule = p.mask.right >= 0 && p.mask.left < 0;
+  params.order.lpt = p.mask.right >= 0 && p.mask.left < 0;
   {  // LPT sections: as many (batch, head) pairs as have K and V together in half of L2
     const int64_t kv_bytes = std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(element_size(p.dtype)));
     const int64_t pairs = p.heads_q * p.batch;
-    params.lpt_section = int32_t(std::clamp<int64_t>(device_attribute(q.device_index, cudaDevAttrL2CacheSize) / 2 / kv_bytes, 1, pairs));
+    params.order.lpt_section = int32_t(
+        std::clamp<int64_t>(device_attribute(q.device_index, cudaDevAttrL2CacheSize) / 2 / kv_bytes, 1, pairs));
   }
+  params.num_tiles = params.order.num_tiles();
   params.mask = p.mask;
   params.score = num::ScoreTransform::make(p.scale, p.softcap);
   params.rescale_threshold = p.rescale_threshold;
@@ -232,7 +233,7 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   };
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, device_attribute(q.device_index, cudaDevAttrMultiProcessorCount)));
-  if (params.dynamic_schedule) {
+  if (params.order.lpt) {
     // The tile counter lives in stream-ordered memory: zeroed, used and freed in stream order, so concurrent
     // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes.
     check(cudaMallocAsync(reinterpret_cast<void**>(&params.tile_counter), sizeof(uint32_t), cu_stream),
@@ -240,7 +241,7 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
     check(cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), cu_stream), "cudaMemsetAsync of the tile counter");
   }
   const cudaError_t e = launch_fwd_kernel(p.dtype, int(p.head_dim), params, grid, cu_stream);
-  if (params.dynamic_schedule) cudaFreeAsync(params.tile_counter, cu_stream);
+  if (params.order.lpt) cudaFreeAsync(params.tile_counter, cu_stream);
   check(e, "sm_90a forward launch failed");
 }
 

@@ -9,6 +9,7 @@
 
 #include "numerics/mask.hpp"
 #include "numerics/online_softmax.hpp"
+#include "cuda/sm90/tile_order.hpp"
 
 namespace fa4::sm90 {
 
@@ -34,14 +35,11 @@ struct FwdParams {
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
 
   int32_t seqlen_q = 0, seqlen_k = 0;
-  int32_t heads_q = 0;
   int32_t group = 1;  // query heads per kv head: kv head = h / group
-  int32_t batch = 0;
-  int32_t num_m_blocks = 0;  // ceil(seqlen_q / block_m)
-  int32_t num_tiles = 0;     // num_m_blocks · heads_q · batch
-  bool dynamic_schedule = false;    // causal: LPT order through tile_counter (scheduler.cuh)
-  uint32_t* tile_counter = nullptr;  // zeroed on the stream before each launch that uses it
-  int32_t lpt_section = 1;           // (batch, head) pairs per L2 section of the LPT order
+  // Work tiles: ceil(seqlen_q / block_m) query blocks × heads_q × batch, walked in `order` (scheduler.cuh).
+  TileOrder order;                   // lpt: the causal (dynamic, longest-first) order
+  int32_t num_tiles = 0;             // order.num_tiles()
+  uint32_t* tile_counter = nullptr;  // order.lpt: zeroed on the stream before each launch
 
   num::Mask mask;
   num::ScoreTransform score;    // raw q·k -> log2 units (scale, softcap)

@@ -1,9 +1,7 @@
 // Which work tiles a CTA owns and which K/V tiles each visits. The grid is persistent (one CTA per SM, launch.cu)
 // and walks tiles in a linear order:
-//   non-causal: static, CTA c takes c, c + grid, c + 2·grid, ... ; query blocks fastest, so the CTAs running
-//               at once share the K/V of few heads in L2;
-//   causal:     dynamic longest-first (LPT): the order puts the longest rows (the last query blocks, which see
-//               the most keys) first, within sections of heads whose K/V fit in L2, and a CTA that finishes
+//   non-causal: static, CTA c takes c, c + grid, c + 2·grid, ... of the static order (tile_order.hpp);
+//   causal:     dynamic longest-first (LPT): CTA c starts at tile c of the LPT order, and a CTA that finishes
 //               takes the next tile from a global counter, so the short tiles fill the tail.
 // The producer warp picks the next tile and publishes it to the consumers through a shared-memory ring
 // (kernel_fwd.cu), so every role of a CTA works on the same tile.
@@ -12,40 +10,12 @@
 #include <cstdint>
 
 #include "cuda/sm90/params.hpp"
+#include "cuda/sm90/tile_order.hpp"
 
 namespace fa4::sm90 {
 
-struct WorkTile {
-  int32_t m_block;  // query rows [block_m·m_block, block_m·(m_block + 1))
-  int32_t head;     // query head
-  int32_t batch;
-};
-
-// Tile `linear` of the order above (linear < p.num_tiles).
-__device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int32_t linear) {
-  WorkTile t;
-  const uint32_t n = uint32_t(linear);
-  if (p.dynamic_schedule) {
-    // LPT inside sections of lpt_section (batch, head) pairs whose K/V fit in L2 together: sections one after
-    // the other, inside a section query blocks slowest (last first), then the pairs. Longest-first over the whole
-    // problem would run every head's K/V through L2 at once.
-    const uint32_t pairs = uint32_t(p.heads_q) * uint32_t(p.batch), blocks = uint32_t(p.num_m_blocks);
-    const uint32_t section = n / (uint32_t(p.lpt_section) * blocks);
-    const uint32_t first_pair = section * uint32_t(p.lpt_section);
-    const uint32_t width = min(uint32_t(p.lpt_section), pairs - first_pair);
-    const uint32_t rest = n - first_pair * blocks;
-    t.m_block = p.num_m_blocks - 1 - int32_t(rest / width);
-    const uint32_t pair = first_pair + rest % width;
-    t.head = int32_t(pair % uint32_t(p.heads_q));
-    t.batch = int32_t(pair / uint32_t(p.heads_q));
-  } else {  // query blocks fastest, then heads, then batch
-    t.m_block = int32_t(n % uint32_t(p.num_m_blocks));
-    const uint32_t rest = n / uint32_t(p.num_m_blocks);
-    t.head = int32_t(rest % uint32_t(p.heads_q));
-    t.batch = int32_t(rest / uint32_t(p.heads_q));
-  }
-  return t;
-}
+// Tile `linear` of the order (tile_order.hpp) for this launch.
+__device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int32_t linear) { return p.order.tile(linear); }
 
 // The producer's walk over tiles: first() and next() give linear tile indices; num_tiles or more means done.
 class TileScheduler {
@@ -53,7 +23,7 @@ class TileScheduler {
   __device__ explicit TileScheduler(const FwdParams& p) : p_(p) {}
   __device__ int32_t first() const { return int32_t(blockIdx.x); }
   __device__ int32_t next(int32_t current) const {
-    if (!p_.dynamic_schedule) return current + int32_t(gridDim.x);
+    if (!p_.order.lpt) return current + int32_t(gridDim.x);
     // Every CTA's first tile is its blockIdx; the counter hands out the rest in order.
     return int32_t(gridDim.x) + int32_t(atomicAdd(p_.tile_counter, 1u));
   }
