@@ -233,16 +233,28 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   };
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, device_attribute(q.device_index, cudaDevAttrMultiProcessorCount)));
+  // The LPT tile counter lives in stream-ordered memory: zeroed, used and freed in stream order, so concurrent
+  // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes. The
+  // guard frees it on every path (an error after the allocation included).
+  struct StreamOrderedCounter {
+    uint32_t* ptr = nullptr;
+    cudaStream_t stream = nullptr;
+    ~StreamOrderedCounter() {
+      if (ptr != nullptr) cudaFreeAsync(ptr, stream);
+    }
+  } counter{nullptr, cu_stream};
   if (params.order.lpt) {
-    // The tile counter lives in stream-ordered memory: zeroed, used and freed in stream order, so concurrent
-    // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes.
-    check(cudaMallocAsync(reinterpret_cast<void**>(&params.tile_counter), sizeof(uint32_t), cu_stream),
+    check(cudaMallocAsync(reinterpret_cast<void**>(&counter.ptr), sizeof(uint32_t), cu_stream),
           "cudaMallocAsync of the 4-byte tile counter");
-    check(cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), cu_stream), "cudaMemsetAsync of the tile counter");
+    check(cudaMemsetAsync(counter.ptr, 0, sizeof(uint32_t), cu_stream), "cudaMemsetAsync of the tile counter");
+    params.tile_counter = counter.ptr;
   }
-  const cudaError_t e = launch_fwd_kernel(p.dtype, int(p.head_dim), params, grid, cu_stream);
-  if (params.order.lpt) cudaFreeAsync(params.tile_counter, cu_stream);
-  check(e, "sm_90a forward launch failed");
+  check(launch_fwd_kernel(p.dtype, int(p.head_dim), params, grid, cu_stream), "sm_90a forward launch failed");
+  if (counter.ptr != nullptr) {
+    const cudaError_t e = cudaFreeAsync(counter.ptr, cu_stream);
+    counter.ptr = nullptr;
+    check(e, "cudaFreeAsync of the tile counter");
+  }
 }
 
 }  // namespace fa4::sm90

@@ -37,8 +37,10 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<H
   if (!ptx::elect_one_sync()) return;
 
   ptx::prefetch_tensormap(&p.q_map);
-  ptx::prefetch_tensormap(&p.k_map);
-  ptx::prefetch_tensormap(&p.v_map);
+  if (p.seqlen_k > 0) {  // else the K/V maps were never encoded (and no K/V tile is ever loaded)
+    ptx::prefetch_tensormap(&p.k_map);
+    ptx::prefetch_tensormap(&p.v_map);
+  }
 
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const cuda::Pipeline<1> q_ring(smem.q_ring);
