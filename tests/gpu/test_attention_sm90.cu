@@ -485,10 +485,11 @@ TEST(GpuAttentionSm90, PersistentWalkMatchesOneTilePerCta) {
   expect_persistent_walk_matches_one_tile_per_cta(0, 2, 16, 4, 1200, 900);
 }
 
-// The same on a problem small enough for compute-sanitizer: 136 tiles of d = 64 on 132 SMs (four CTAs take two).
+// The same on a problem small enough for compute-sanitizer, d = 64 only: more tiles than the H100/H200's 132 SMs
+// whether block_m is 128 (208 tiles) or 192 (144 tiles); rows 0..299 see no key under the causal mask.
 TEST(GpuAttentionSm90, PersistentWalkSmall) {
   REQUIRE_SM90();
-  expect_persistent_walk_matches_one_tile_per_cta(64, 1, 8, 4, 2100, 1900);
+  expect_persistent_walk_matches_one_tile_per_cta(64, 1, 8, 4, 3300, 3000);
 }
 
 // What the kernel cannot read is refused with Status::unsupported naming the argument, before any launch.
