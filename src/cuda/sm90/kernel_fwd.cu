@@ -33,7 +33,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     const int32_t linear = smem.tile_slot[tile_stage.index];
     tile_ring.consumer_release(tile_stage);  // every reading thread arrives (a plain shared-memory read)
     ++tile_stage;
-    if (linear >= p.num_tiles) break;
+    if (linear >= p.order.num_tiles()) break;
 
     const WorkTile tile = work_tile(p, linear);
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);

@@ -4,7 +4,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <array>
+#include <map>
+#include <optional>
+#include <utility>
 #include <mutex>
 #include <string>
 
@@ -64,39 +66,26 @@ bool has_forward_kernel(DType dtype, int64_t head_dim) {
   return false;
 }
 
-// One of the two device attributes used here (SM count, L2 size) of device `index`, cached; 1 if the query
-// fails (the launch that follows then reports the device's error).
-static int64_t device_attribute(int index, cudaDeviceAttr attr) {
+// Attribute `attr` of CUDA device `index`, queried once per (device, attribute) and cached; nullopt if the query
+// fails (no such device).
+static std::optional<int> device_attribute(int index, cudaDeviceAttr attr) {
   static std::mutex mu;
-  static std::array<std::array<int, 2>, 64> cache{};
-  const int slot = attr == cudaDevAttrMultiProcessorCount ? 0 : 1;
-  if (index < 0 || index >= int(cache.size())) return 1;
+  static std::map<std::pair<int, int>, std::optional<int>> cache;
   std::lock_guard<std::mutex> lock(mu);
-  int& v = cache[index][slot];
-  if (v == 0 && (cudaDeviceGetAttribute(&v, attr, index) != cudaSuccess || v <= 0)) {
-    cudaGetLastError();
-    v = 0;
-    return 1;
+  const auto [it, fresh] = cache.try_emplace({index, int(attr)});
+  if (fresh) {
+    int value = 0;
+    if (cudaDeviceGetAttribute(&value, attr, index) == cudaSuccess)
+      it->second = value;
+    else
+      cudaGetLastError();  // clear a "no device" error
   }
-  return v;
+  return it->second;
 }
 
 bool device_is_sm90(int index) {
-  static std::mutex mu;
-  static std::array<int, 64> cc{};  // 0: not queried yet, -1: query failed
-  if (index < 0 || index >= int(cc.size())) return false;
-  std::lock_guard<std::mutex> lock(mu);
-  if (cc[index] == 0) {
-    int major = 0, minor = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, index) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, index) != cudaSuccess) {
-      cudaGetLastError();  // clear a "no device" error
-      cc[index] = -1;
-    } else {
-      cc[index] = major * 10 + minor;
-    }
-  }
-  return cc[index] == 90;
+  return device_attribute(index, cudaDevAttrComputeCapabilityMajor) == 9 &&
+         device_attribute(index, cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
 void check_tma_layout(const char* call, const char* name, const Tensor& t) {
@@ -178,17 +167,16 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
     params.v_head_step = v_steps.head;
     params.v_batch_step = v_steps.batch;
   }
-  // TMA store when the output is 16-byte addressable like the inputs; else the epilogue's per-thread stores.
-  const bool out_16b = [&] {
-    if (reinterpret_cast<uintptr_t>(out.data) % 16 != 0) return false;
-    const int64_t es = int64_t(element_size(out.dtype));
-    for (int dim : {kBatch, kSeq, kHeads})
-      if (out.shape[dim] != 1 && (out.stride[dim] <= 0 || out.stride[dim] * es % 16 != 0 ||
-                                  out.stride[dim] * es >= (int64_t{1} << 40)))
-        return false;
-    return true;
+  // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores.
+  const bool out_tma = [&] {
+    try {
+      check_tma_layout(call, "out", out);
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
   }();
-  if (out_16b) {
+  if (out_tma) {
     map_tensor(out, p.head_dim, uint32_t(kWgmmaM), &params.out_map);
     params.out_tma = true;
   }
@@ -216,10 +204,9 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   {  // LPT sections: as many (batch, head) pairs as have K and V together in half of L2
     const int64_t kv_bytes = std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(element_size(p.dtype)));
     const int64_t pairs = p.heads_q * p.batch;
-    params.order.lpt_section = int32_t(
-        std::clamp<int64_t>(device_attribute(q.device_index, cudaDevAttrL2CacheSize) / 2 / kv_bytes, 1, pairs));
+    const int64_t l2_bytes = device_attribute(q.device_index, cudaDevAttrL2CacheSize).value_or(0);
+    params.order.lpt_section = int32_t(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, pairs));
   }
-  params.num_tiles = params.order.num_tiles();
   params.mask = p.mask;
   params.score = num::ScoreTransform::make(p.scale, p.softcap);
   params.rescale_threshold = p.rescale_threshold;
@@ -232,7 +219,8 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
                                           cudaGetErrorString(e) + ")");
   };
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
-  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, device_attribute(q.device_index, cudaDevAttrMultiProcessorCount)));
+  const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
+  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   // The LPT tile counter lives in stream-ordered memory: zeroed, used and freed in stream order, so concurrent
   // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes. The
   // guard frees it on every path (an error after the allocation included).

@@ -54,7 +54,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<H
     smem.tile_slot[tile_stage.index] = linear;
     tile_ring.producer_commit(tile_stage);
     ++tile_stage;
-    if (linear >= p.num_tiles) return;
+    if (linear >= p.order.num_tiles()) return;
 
     const WorkTile tile = work_tile(p, linear);
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
