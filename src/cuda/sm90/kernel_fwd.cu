@@ -30,8 +30,14 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
   for (;;) {
     tile_ring.consumer_wait(tile_stage);
-    const int32_t linear = smem.tile_slot[tile_stage.index];
-    tile_ring.consumer_release(tile_stage);  // every reading thread arrives (a plain shared-memory read)
+    // Lane 0 reads the slot and releases it; the warp takes the index by shuffle. One reader per warp keeps
+    // the arrivals at 8 per tile and gives racecheck no read to pair with the producer's next write.
+    int32_t linear = 0;
+    if (threadIdx.x % 32 == 0) {
+      linear = smem.tile_slot[tile_stage.index];
+      tile_ring.consumer_release(tile_stage);
+    }
+    linear = __shfl_sync(0xffffffffu, linear, 0);
     ++tile_stage;
     if (linear >= p.order.num_tiles()) break;
 
@@ -58,14 +64,13 @@ __global__ void __launch_bounds__(FwdConfig<HeadDim>::kThreads, 1) fwd_kernel(co
   FwdSharedStorage<HeadDim>& smem = fwd_shared_storage<HeadDim>();
   if (threadIdx.x == 0) {
     // K/V/Q fills complete by TMA bytes after the producer's single arrival, a tile index by the producer's
-    // store-and-arrive. A K/V/Q stage is free once every consumer warp has released it (after its wgmma wait);
-    // a tile slot once every consumer thread has read it and arrived (compute-sanitizer's racecheck reported
-    // the slot's reuse as a race when one lane per warp arrived after __syncwarp).
+    // store-and-arrive. A stage is free once every consumer warp has released it: K/V/Q after its wgmma wait,
+    // a tile slot after its lane 0 has read it.
     constexpr uint32_t kReleases = kReleasesPerConsumerWarpgroup * Config::kConsumerWarpgroups;
     cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kReleases);
     cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
     cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
-    cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kWarpgroupThreads * Config::kConsumerWarpgroups);
+    cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases);
   }
   __syncthreads();
 
