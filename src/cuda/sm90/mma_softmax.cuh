@@ -38,25 +38,28 @@ struct RowState {
 // tile can still be in use), hence consumer_arrivals = 4 per consumer warpgroup at ring init.
 inline constexpr uint32_t kReleasesPerConsumerWarpgroup = 4;
 
-// Ping-pong between the two consumer warpgroups: consumer c may issue GEMMs once the other has handed over.
-// Per work tile: consumer 0 starts (consumer 1 hands over once at the start). Both walk the same K/V tiles, so
-// they take the same number of turns; the tile's last hand-over (consumer 1 to consumer 0, who has nothing
-// left in this tile) is skipped, so each tile leaves both barriers balanced.
+// Ping-pong between the Consumers consumer warpgroups, round robin: consumer c may issue GEMMs once consumer
+// c − 1 has handed over. Per work tile: consumer 0 starts (the last consumer hands over once at the start). All
+// walk the same K/V tiles, so they take the same number of turns; the tile's last hand-over (the last consumer
+// to consumer 0, who has nothing left in this tile) is skipped, so each tile leaves every barrier balanced.
+template <int Consumers>
 class TensorCoreTurn {
  public:
   __device__ explicit TensorCoreTurn(int consumer) : consumer_(consumer) {}
   __device__ void start() const {
-    if (consumer_ == 1) ptx::named_barrier_arrive(barrier(0), kThreads);
+    if (consumer_ == Consumers - 1) ptx::named_barrier_arrive(barrier(0), kThreads);
   }
   __device__ void wait() const { ptx::named_barrier_sync(barrier(consumer_), kThreads); }
   __device__ void hand_over(bool last_turn) const {
-    if (!(last_turn && consumer_ == 1)) ptx::named_barrier_arrive(barrier(1 - consumer_), kThreads);
+    if (!(last_turn && consumer_ == Consumers - 1))
+      ptx::named_barrier_arrive(barrier((consumer_ + 1) % Consumers), kThreads);
   }
 
  private:
+  static_assert(Consumers >= 2 && Consumers <= kMaxConsumerWarpgroups, "named barrier ids for 2 or 3 consumers");
   static constexpr uint32_t kThreads = 2 * kWarpgroupThreads;  // the waiting warpgroup + the handing-over one
   __device__ static uint32_t barrier(int consumer) {
-    return static_cast<uint32_t>(consumer == 0 ? NamedBarrier::consumer0_turn : NamedBarrier::consumer1_turn);
+    return static_cast<uint32_t>(NamedBarrier::first_turn) + uint32_t(consumer);
   }
   int consumer_;
 };
@@ -272,7 +275,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
   };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const cuda::Pipeline<1> q_ring(smem.q_ring);
-  const TensorCoreTurn turn(consumer);
+  const TensorCoreTurn<Config::kConsumerWarpgroups> turn(consumer);
   turn.start();
   q_ring.consumer_wait(st.q);
   auto s_done = [&](int32_t n_block) {  // the S of n_block has landed: its K (and after the last, Q) is free
