@@ -17,6 +17,10 @@
 #include "api/device_info.hpp"
 #include "api/validate.hpp"
 #include "cpu/reference.hpp"
+#include "cuda/sm90/config.hpp"
+#if defined(FA4_WITH_SM90)
+#include "cuda/sm90/launch.hpp"
+#endif
 #include "fa4/fa4.hpp"
 #include "numerics/convert.hpp"
 #include "numerics/exp2.hpp"
@@ -162,20 +166,41 @@ void check_case(const GpuCase& c) {
               r.lse.max_error, r.lse.bound, r.out.pass && r.lse.pass ? "" : "   FAIL");
 }
 
+// One compiled kernel: a (dtype, head dim) of instances.def on one of the head dim's tile-table rows.
 struct Instance {
   DType dtype;
   int head_dim;
+  int tile_row;  // index into fa4::sm90::kFwdTiles
+  std::string name() const {
+    const fa4::sm90::FwdTile& t = fa4::sm90::kFwdTiles[tile_row];
+    return std::string(fa4::to_string(dtype)) + " d=" + std::to_string(head_dim) + " (" + std::to_string(t.block_m) +
+           "x" + std::to_string(t.block_n) + " tiles)";
+  }
 };
 
 std::vector<Instance> compiled_instances() {
   std::vector<Instance> rows;
+  auto add = [&](DType dtype, int head_dim) {
+    for (int r = 0; r < fa4::sm90::kFwdRows; ++r)
+      if (fa4::sm90::kFwdTiles[r].head_dim == head_dim) rows.push_back({dtype, head_dim, r});
+  };
 #define FA4_IF_sm90(...) __VA_ARGS__
 #define FA4_IF_sm100(...)
 #define FA4_IF_fwd(...) __VA_ARGS__
-#define FA4_KERNEL(arch, pass, dtype, head_dim) FA4_IF_##arch(FA4_IF_##pass(rows.push_back({DType::dtype, head_dim});))
+#define FA4_KERNEL(arch, pass, dtype, head_dim) FA4_IF_##arch(FA4_IF_##pass(add(DType::dtype, head_dim);))
 #include "cuda/instances.def"
   return rows;
 }
+
+// While it lives, this thread's forward calls run the instance's tile-table row, whatever the query length
+// would choose (a head dim with several rows picks one by seqlen_q): each kernel meets every shape.
+#if defined(FA4_WITH_SM90)
+using ForcedRow = fa4::sm90::ScopedFwdRow;
+#else
+struct ForcedRow {  // no sm90 kernels compiled: nothing to force (and the sm90 tests have nothing to run)
+  explicit ForcedRow(int) {}
+};
+#endif
 
 struct Shape {
   int64_t seqlen_q, seqlen_k;
@@ -204,7 +229,8 @@ TEST(GpuAttentionSm90, ForwardSweepEveryInstance) {
   const Heads heads[] = {{2, 2}, {6, 2}, {3, 1}};  // MHA, GQA (group 3), MQA
   uint64_t seed = 1;
   for (const Instance& row : rows) {
-    std::printf("%s head_dim %d\n", fa4::to_string(row.dtype), row.head_dim);
+    std::printf("%s\n", row.name().c_str());
+    const ForcedRow forced(row.tile_row);
     int n = 0;
     for (const Shape& s : kSweep)
       for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
@@ -226,16 +252,19 @@ TEST(GpuAttentionSm90, ForwardSweepEveryInstance) {
   }
 }
 
+// Long enough for the row each head dim chooses by itself past 1024 queries (d = 64: 192-row tiles).
 TEST(GpuAttentionSm90, LongSequenceCausal) {
   REQUIRE_SM90();
-  GpuCase c;
-  c.dtype = DType::bf16;
-  c.head_dim = 128;
-  c.seqlen_q = c.seqlen_k = 4224;
-  c.heads_q = c.heads_kv = 1;
-  c.options.causal = true;
-  c.seed = 4224;
-  check_case(c);
+  for (int d : {64, 128}) {
+    GpuCase c;
+    c.dtype = DType::bf16;
+    c.head_dim = d;
+    c.seqlen_q = c.seqlen_k = 4224;
+    c.heads_q = c.heads_kv = 1;
+    c.options.causal = true;
+    c.seed = 4224 + uint64_t(d);
+    check_case(c);
+  }
 }
 
 // Strides instead of copies: [b, h, s, d] storage, and K/V heads broadcast with stride 0 (TMA maps the
@@ -285,10 +314,11 @@ TEST(GpuAttentionSm90, Exp2EmulationAndRescaleThreshold) {
 TEST(GpuAttentionSm90, Exp2EmulatedElementsAreBitwiseTheHostEmulation) {
   REQUIRE_SM90();
   for (const Instance& row : compiled_instances()) {
-    if (row.head_dim > 128) continue;  // keys = head_dim must fit one K/V tile of block_n = 128 keys
+    if (row.head_dim > fa4::sm90::kFwdTiles[row.tile_row].block_n) continue;  // keys = head_dim fit one K/V tile
+    const ForcedRow forced(row.tile_row);
     const int64_t d = row.head_dim, keys = d, rows = 1000, heads = 2;
     for (int per16 : {4, 16}) {
-      SCOPED_TRACE(std::string(fa4::to_string(row.dtype)) + " d=" + std::to_string(d) + " per16=" + std::to_string(per16));
+      SCOPED_TRACE(row.name() + " per16=" + std::to_string(per16));
       auto q = HostTensor::make(row.dtype, {1, rows, heads, d});
       auto k = HostTensor::make(row.dtype, {1, keys, 1, d});
       auto v = HostTensor::make(row.dtype, {1, keys, 1, d});
@@ -349,8 +379,8 @@ TEST(GpuAttentionSm90, Exp2EmulatedElementsAreBitwiseTheHostEmulation) {
             mufu_equal += equal;
           }
         }
-      std::printf("  %s d=%lld per16=%d: emulated rows bitwise equal %d/%d; MUFU rows equal to the emulation %d/%d\n",
-                  fa4::to_string(row.dtype), static_cast<long long>(d), per16, emulated_equal, emulated_rows,
+      std::printf("  %s per16=%d: emulated rows bitwise equal %d/%d; MUFU rows equal to the emulation %d/%d\n",
+                  row.name().c_str(), per16, emulated_equal, emulated_rows,
                   mufu_equal, mufu_rows);
       EXPECT_GT(emulated_rows, 0);
       EXPECT_EQ(emulated_equal, emulated_rows);
@@ -435,9 +465,10 @@ void expect_persistent_walk_matches_one_tile_per_cta(int only_head_dim, int64_t 
   const int64_t group = heads_q / heads_kv;
   for (const Instance& row : compiled_instances()) {
     if (row.dtype != DType::bf16 || (only_head_dim > 0 && row.head_dim != only_head_dim)) continue;
+    const ForcedRow forced(row.tile_row);
     for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
       const int64_t d = row.head_dim;
-      SCOPED_TRACE("d=" + std::to_string(d) + " mask " + std::to_string(int(m)));
+      SCOPED_TRACE(row.name() + " mask " + std::to_string(int(m)));
       auto q = HostTensor::make(row.dtype, {batch, sq, heads_q, d});
       auto k = HostTensor::make(row.dtype, {batch, sk, heads_kv, d});
       auto v = HostTensor::make(row.dtype, {batch, sk, heads_kv, d});
@@ -526,5 +557,33 @@ TEST(GpuAttentionSm90, UnsupportedLayoutsAndPassesAreRefusedClearly) {
   EXPECT_FALSE(fa4::supports(fa4::Pass::backward, dq.desc(), dq.desc(), dq.desc()).ok);
   EXPECT_TRUE(fa4::supports(fa4::Pass::forward, dq.desc(), dq.desc(), dq.desc()).ok);
 }
+
+#if defined(FA4_WITH_SM90)
+// The test hook cannot run a kernel on a head dim it was not built for: a d = 64 call forced onto a d = 128
+// row fails before any launch, and the output keeps its poison.
+TEST(GpuAttentionSm90, ForcedRowOfAnotherHeadDimIsRefused) {
+  REQUIRE_SM90();
+  const int row128 = fa4::sm90::fwd_row(128, 1);
+  ASSERT_GE(row128, 0);
+  auto q = HostTensor::make(DType::bf16, {1, 64, 2, 64});
+  q.fill_normal(2);
+  auto out = HostTensor::make(DType::bf16, {1, 64, 2, 64});
+  out.poison();
+  DeviceCopy dq(q, size_t(q.numel())), dout(out, size_t(out.numel()));
+  const ForcedRow forced(row128);
+  try {
+    fa4::forward(dq.desc(), dq.desc(), dq.desc(), dout.desc(), nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::Status::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not a row of head dim 64"), std::string::npos) << e.what();
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  dout.copy_back(out);
+  size_t nan = 0;
+  for (double x : out.values()) nan += x != x;
+  EXPECT_EQ(nan, size_t(out.numel())) << "the refused call wrote output";
+}
+#endif
 
 }  // namespace

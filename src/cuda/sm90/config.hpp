@@ -1,20 +1,25 @@
-// The sm_90a forward tile table: one row per head dim, read by the kernel (shared-memory layout, loop trip
-// counts, wgmma shapes) and by the host launcher (grid, dynamic shared memory), so no size is written twice.
+// The sm_90a forward tile table, read by the kernel (shared-memory layout, loop trip counts, wgmma shapes) and by
+// the host launcher (row choice, grid, dynamic shared memory), so no size is written twice. A kernel is
+// instantiated per (dtype, row); a head dim has one row, or several told apart by the query length they serve.
+
 //
 // block_m / 64 consumer warpgroups per CTA (64 query rows each = the wgmma M) share every K/V tile, which a
 // producer warp loads by TMA into rings of `stages` tiles; the warpgroups take turns on the tensor core
 // (round-robin ping-pong, named barriers below) and each overlaps its softmax with its own P·V
 // (mma_softmax.cuh). d = 64 has three: its softmax costs twice as much per FLOP, and with two the tensor
 // core idled while both were in softmax (0.7–0.8× cuDNN, perf-log G6); three fit 160 registers each only
-// with 112-key tiles (128 spilled). block_n (keys per K/V tile) is the N of S = Q·Kᵀ; the head dim is the N of O += P·V.
+// with 112-key tiles (128 spilled). Up to 1024 queries d = 64 keeps two (block_m 128): a 192-row tile pads
+// 12.5% of the rows at s = 512 and 1k and lost 5–16% there (perf-log G9). block_n (keys per K/V tile) is the
+// N of S = Q·Kᵀ; the head dim is the N of O += P·V.
 // A consumer thread holds S (block_n/2 fp32), P (block_n/4 b32: 4 per k-step of 16) and O (head_dim/2 fp32)
 // at once.
 //
-// | head_dim | block_m | block_n | stages | smem (Q + 2·stages K/V tiles)  | accumulator regs / thread |
-// |    64    |   192   |   112   |   3    | 24 + 6·14 = 108 KiB            | 56 + 28 + 32 = 116        |
-// |   128    |   128   |   128   |   2    | 32 + 4·32 = 160 KiB            | 64 + 32 + 64 = 160        |
-// |   192    |   128   |    96   |   2    | 48 + 4·36 = 192 KiB            | 48 + 24 + 96 = 168        |
-// |   256    |   128   |    64   |   2    | 64 + 4·32 = 192 KiB            | 32 + 16 + 128 = 176       |
+// | head_dim | seqlen_q | block_m | block_n | stages | smem (Q + 2·stages K/V tiles) | accumulator regs / thread |
+// |    64    |  ≤ 1024  |   128   |   128   |   3    | 16 + 6·16 = 112 KiB           | 64 + 32 + 32 = 128        |
+// |    64    |  > 1024  |   192   |   112   |   3    | 24 + 6·14 = 108 KiB           | 56 + 28 + 32 = 116        |
+// |   128    |   any    |   128   |   128   |   2    | 32 + 4·32 = 160 KiB           | 64 + 32 + 64 = 160        |
+// |   192    |   any    |   128   |    96   |   2    | 48 + 4·36 = 192 KiB           | 48 + 24 + 96 = 168        |
+// |   256    |   any    |   128   |    64   |   2    | 64 + 4·32 = 192 KiB           | 32 + 16 + 128 = 176       |
 //
 // The epilogue stages O in a tile of its own where it fits (d = 64, 128: +16 / +32 KiB), else (d = 192, 256)
 // in the warpgroup's own rows of the Q tile. Head dims must be whole 64-element (128-byte) swizzle rows, so 96
@@ -30,20 +35,40 @@ struct FwdTile {
   int block_m;  // query rows per CTA = 64 · consumer warpgroups
   int block_n;  // keys per K/V tile
   int stages;   // depth of the K ring and of the V ring
+  int max_seqlen_q;  // the longest query sequence this row serves; 0 = any (the head dim's last row)
 };
 
 inline constexpr FwdTile kFwdTiles[] = {
-    {64, 192, 112, 3},
-    {128, 128, 128, 2},
-    {192, 128, 96, 2},
-    {256, 128, 64, 2},
+    {64, 128, 128, 3, 1024},
+    {64, 192, 112, 3, 0},
+    {128, 128, 128, 2, 0},
+    {192, 128, 96, 2, 0},
+    {256, 128, 64, 2, 0},
 };
+inline constexpr int kFwdRows = int(sizeof(kFwdTiles) / sizeof(kFwdTiles[0]));
 
-constexpr FwdTile fwd_tile(int head_dim) {
-  for (const FwdTile& t : kFwdTiles)
-    if (t.head_dim == head_dim) return t;
-  return FwdTile{0, 0, 0, 0};
+// The row that runs (head_dim, seqlen_q): the head dim's first row whose max_seqlen_q admits it; -1 if none.
+constexpr int fwd_row(int head_dim, int64_t seqlen_q) {
+  for (int r = 0; r < kFwdRows; ++r)
+    if (kFwdTiles[r].head_dim == head_dim && (kFwdTiles[r].max_seqlen_q == 0 || seqlen_q <= kFwdTiles[r].max_seqlen_q))
+      return r;
+  return -1;
 }
+
+// Every head dim's rows are adjacent, ordered by max_seqlen_q, and end with one that takes any length.
+constexpr bool fwd_rows_are_well_formed() {
+  for (int r = 0; r < kFwdRows; ++r) {
+    const bool last_of_head_dim = r + 1 == kFwdRows || kFwdTiles[r + 1].head_dim != kFwdTiles[r].head_dim;
+    if (last_of_head_dim != (kFwdTiles[r].max_seqlen_q == 0)) return false;
+    if (!last_of_head_dim && kFwdTiles[r + 1].max_seqlen_q != 0 && kFwdTiles[r + 1].max_seqlen_q <= kFwdTiles[r].max_seqlen_q)
+      return false;
+    for (int later = r + 2; later < kFwdRows; ++later)
+      if (kFwdTiles[later].head_dim == kFwdTiles[r].head_dim && kFwdTiles[later - 1].head_dim != kFwdTiles[r].head_dim)
+        return false;
+  }
+  return true;
+}
+static_assert(fwd_rows_are_well_formed(), "kFwdTiles: a head dim's rows are adjacent, by length, last = any length");
 
 inline constexpr int kWarpgroupThreads = 128;
 inline constexpr int kWgmmaM = 64;              // rows of one warpgroup's wgmma
@@ -64,12 +89,12 @@ enum class NamedBarrier : uint32_t {
 };
 static_assert(static_cast<uint32_t>(NamedBarrier::end) <= 16, "a CTA has 16 named barriers");
 
-template <int HeadDim>
+// The compile-time view of kFwdTiles[Row].
+template <int Row>
 struct FwdConfig {
-  static constexpr FwdTile kTile = fwd_tile(HeadDim);
-  static_assert(kTile.head_dim == HeadDim, "no row for this head dim in kFwdTiles");
-
-  static constexpr int kHeadDim = HeadDim;
+  static_assert(Row >= 0 && Row < kFwdRows, "no such row in kFwdTiles");
+  static constexpr FwdTile kTile = kFwdTiles[Row];
+  static constexpr int kHeadDim = kTile.head_dim;
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
@@ -79,13 +104,13 @@ struct FwdConfig {
   // with 24 the producer's tile loop spills 16 B; the consumers need ~228 at d = 128. d = 256 holds a 128-float O
   // per thread and spilled 112 B under 232; with 24 / 240 the kernel spills 52 B (producer and consumer).
   // Three consumer warpgroups (512 threads) share the file as 32 / 160.
-  static constexpr int kProducerRegisters = kTile.block_m == 192 ? 32 : (HeadDim >= 256 ? 24 : 40);
-  static constexpr int kConsumerRegisters = kTile.block_m == 192 ? 160 : (HeadDim >= 256 ? 240 : 232);
+  static constexpr int kProducerRegisters = kTile.block_m == 192 ? 32 : (kHeadDim >= 256 ? 24 : 40);
+  static constexpr int kConsumerRegisters = kTile.block_m == 192 ? 160 : (kHeadDim >= 256 ? 240 : 232);
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
-  static constexpr int kHeadDimChunks = HeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
+  static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
-  static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * HeadDim * kElementBytes;
-  static constexpr uint32_t kKvTileBytes = uint32_t(kBlockN) * HeadDim * kElementBytes;
+  static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;
+  static constexpr uint32_t kKvTileBytes = uint32_t(kBlockN) * kHeadDim * kElementBytes;
   static constexpr uint32_t kTileBytes = kQTileBytes + 2u * kStages * kKvTileBytes;
   // O is staged for its TMA store in a buffer of its own when one fits (then Q is free, and the next tile's Q
   // can load, as soon as the last S is computed), else in the warpgroup's rows of the Q tile.
@@ -98,9 +123,9 @@ struct FwdConfig {
                                      kConsumerWarpgroups * kConsumerRegisters) <= 65536,
                 "setmaxnreg budgets exceed the register file: an increase would wait forever");
   static_assert(kBlockM % kWgmmaM == 0, "block_m is whole warpgroups of 64 rows");
-  static_assert(HeadDim % kSw128Columns == 0, "the head dim is whole 128-byte swizzle rows (64 elements)");
-  static_assert(HeadDim % 16 == 0 && kBlockN % 16 == 0, "whole wgmma k-steps of 16 for both GEMMs");
-  static_assert(kBlockN % 8 == 0 && kBlockN <= 256 && HeadDim <= 256, "wgmma N is a multiple of 8 in [8, 256]");
+  static_assert(kHeadDim % kSw128Columns == 0, "the head dim is whole 128-byte swizzle rows (64 elements)");
+  static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0, "whole wgmma k-steps of 16 for both GEMMs");
+  static_assert(kBlockN % 8 == 0 && kBlockN <= 256 && kHeadDim <= 256, "wgmma N is a multiple of 8 in [8, 256]");
   static_assert(kBlockM <= 256 && kBlockN <= 256, "TMA boxes have at most 256 rows");
   static_assert(kQTileBytes % 1024 == 0 && kKvTileBytes % 1024 == 0,
                 "every tile starts on the 1024-byte swizzle repeat (descriptor base offset 0)");
@@ -109,7 +134,7 @@ struct FwdConfig {
   static_assert(kStages >= 2, "the ring needs two stages so loads overlap compute");
   // One consumer thread's live accumulators: S (block_n/2), P fragments (block_n/4), O (head_dim/2); leave
   // room for addresses and softmax state under the consumer budget (ptxas -v is the real check: no spills).
-  static constexpr int kAccumulatorRegisters = kBlockN / 2 + kBlockN / 4 + HeadDim / 2;
+  static constexpr int kAccumulatorRegisters = kBlockN / 2 + kBlockN / 4 + kHeadDim / 2;
   static_assert(kAccumulatorRegisters <= kConsumerRegisters - 32, "accumulators would leave too few registers");
   static_assert(65536 / kThreads >= kProducerRegisters, "launch budget below the producer's");
 };

@@ -24,12 +24,14 @@ namespace fa4::sm90 {
 
 // by_tma: stage and store by TMA (p.out_tma, and the tile had visible keys). release_q: O is staged in Q's rows;
 // once the store has read them, this warpgroup releases Q to the producer.
-template <ptx::WgmmaInput In, int HeadDim>
-__device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem,
+template <ptx::WgmmaInput In, int Row>
+__device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStorage<Row>& smem,
                                               const WorkTile& tile, int consumer,
-                                              ConsumerStages<FwdConfig<HeadDim>::kStages>& st, bool by_tma,
-                                              bool release_q, ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
-  using Config = FwdConfig<HeadDim>;
+                                              ConsumerStages<FwdConfig<Row>::kStages>& st, bool by_tma,
+                                              bool release_q, ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o,
+                                              RowState& rows) {
+  using Config = FwdConfig<Row>;
+  constexpr int HeadDim = Config::kHeadDim;
   constexpr int kBlockM = Config::kBlockM;
   const int thread = threadIdx.x % kWarpgroupThreads;
   const int local_row0 = ptx::accumulator_row(thread, 0);  // within the warpgroup's 64 rows

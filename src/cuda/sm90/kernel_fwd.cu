@@ -21,9 +21,9 @@ enum class Role { load, mma_softmax_epilogue };
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
 
 // A consumer warpgroup: for every tile the producer publishes, the main loop and the epilogue.
-template <ptx::WgmmaInput In, int HeadDim>
-__device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem, int consumer) {
-  using Config = FwdConfig<HeadDim>;
+template <ptx::WgmmaInput In, int Row>
+__device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStorage<Row>& smem, int consumer) {
+  using Config = FwdConfig<Row>;
   const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
   auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
   ConsumerStages<Config::kStages> st;
@@ -43,25 +43,25 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
 
     const WorkTile tile = work_tile(p, linear);
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
-    ptx::WgmmaAccumulator<HeadDim> o;
+    ptx::WgmmaAccumulator<Config::kHeadDim> o;
     RowState rows;
     if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf; nothing was loaded
 #pragma unroll
-      for (int i = 0; i < HeadDim / 2; ++i) o.reg[i] = 0.0f;
-      epilogue_role<In, HeadDim>(p, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false, o, rows);
+      for (int i = 0; i < Config::kHeadDim / 2; ++i) o.reg[i] = 0.0f;
+      epilogue_role<In, Row>(p, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false, o, rows);
       continue;
     }
-    mma_softmax_role<In, HeadDim>(p, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows);
-    epilogue_role<In, HeadDim>(p, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q, o, rows);
+    mma_softmax_role<In, Row>(p, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows);
+    epilogue_role<In, Row>(p, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q, o, rows);
     ++st.q;
   }
   if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
 }
 
-template <ptx::WgmmaInput In, int HeadDim>
-__global__ void __launch_bounds__(FwdConfig<HeadDim>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
-  using Config = FwdConfig<HeadDim>;
-  FwdSharedStorage<HeadDim>& smem = fwd_shared_storage<HeadDim>();
+template <ptx::WgmmaInput In, int Row>
+__global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
+  using Config = FwdConfig<Row>;
+  FwdSharedStorage<Row>& smem = fwd_shared_storage<Row>();
   if (threadIdx.x == 0) {
     // K/V/Q fills complete by TMA bytes after the producer's single arrival, a tile index by the producer's
     // store-and-arrive. A stage is free once every consumer warp has released it: K/V/Q after its wgmma wait,
@@ -77,11 +77,11 @@ __global__ void __launch_bounds__(FwdConfig<HeadDim>::kThreads, 1) fwd_kernel(co
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (role_of(warpgroup) == Role::load) {
     ptx::setmaxnreg_dec<Config::kProducerRegisters>();
-    if (threadIdx.x / 32 == 0) load_role<HeadDim>(p, smem);
+    if (threadIdx.x / 32 == 0) load_role<Row>(p, smem);
     return;
   }
   ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
-  consumer_role<In, HeadDim>(p, smem, warpgroup - 1);
+  consumer_role<In, Row>(p, smem, warpgroup - 1);
 }
 
 template <DType Dtype>
@@ -90,36 +90,47 @@ constexpr ptx::WgmmaInput wgmma_input() {
   return Dtype == DType::bf16 ? ptx::WgmmaInput::bf16 : ptx::WgmmaInput::f16;
 }
 
-template <DType Dtype, int HeadDim>
+template <DType Dtype, int Row>
 cudaError_t launch_instance(const FwdParams& p, uint32_t grid, cudaStream_t stream) {
-  auto* kernel = fwd_kernel<wgmma_input<Dtype>(), HeadDim>;
-  constexpr uint32_t smem = fwd_smem_bytes<HeadDim>();
+  auto* kernel = fwd_kernel<wgmma_input<Dtype>(), Row>;
+  constexpr uint32_t smem = fwd_smem_bytes<Row>();
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
       e != cudaSuccess)
     return e;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(grid);
-  config.blockDim = dim3(FwdConfig<HeadDim>::kThreads);
+  config.blockDim = dim3(FwdConfig<Row>::kThreads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
   return cudaLaunchKernelEx(&config, kernel, p);
 }
 
+// The kernels of a head dim: one per kFwdTiles row of that head dim; `row` picks the one that runs.
+template <DType Dtype, int HeadDim, int Row = 0>
+cudaError_t launch_head_dim_row(int row, const FwdParams& p, uint32_t grid, cudaStream_t stream) {
+  if constexpr (Row == kFwdRows) {
+    return cudaErrorInvalidValue;
+  } else {
+    if constexpr (kFwdTiles[Row].head_dim == HeadDim)
+      if (row == Row) return launch_instance<Dtype, Row>(p, grid, stream);
+    return launch_head_dim_row<Dtype, HeadDim, Row + 1>(row, p, grid, stream);
+  }
+}
+
 }  // namespace
 
-// Selection among the compiled rows: the X-macro keeps the sm90 forward rows of instances.def.
+// Selection among the compiled (dtype, head dim) pairs: the X-macro keeps the sm90 forward rows of instances.def.
 #define FA4_IF_sm90(...) __VA_ARGS__
 #define FA4_IF_sm100(...)
 #define FA4_IF_fwd(...) __VA_ARGS__
-#define FA4_KERNEL(arch, pass, dtype, head_dim)                              \
-  FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) return launch_instance<DType::dtype, head_dim>(p, grid, stream);))
+#define FA4_KERNEL(arch, pass, dtype, head_dim)                                      \
+  FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
+                                  return launch_head_dim_row<DType::dtype, head_dim>(row, p, grid, stream);))
 
-cudaError_t launch_fwd_kernel(DType p_dtype, int p_head_dim, const FwdParams& p, uint32_t grid,
+cudaError_t launch_fwd_kernel(DType p_dtype, int p_head_dim, int row, const FwdParams& p, uint32_t grid,
                               cudaStream_t stream) {
 #include "cuda/instances.def"
   return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch
 }
-
-uint32_t fwd_block_m(int head_dim) { return uint32_t(fwd_tile(head_dim).block_m); }
 
 }  // namespace fa4::sm90

@@ -10,10 +10,9 @@
 
 namespace fa4::sm90 {
 
-// Launches the (dtype, head_dim) row on `stream` with `grid` CTAs; cudaErrorInvalidValue if not compiled.
-cudaError_t launch_fwd_kernel(DType dtype, int head_dim, const FwdParams& params, uint32_t grid, cudaStream_t stream);
-
-// Query rows per CTA of the head dim's tile-table row (0 if none).
-uint32_t fwd_block_m(int head_dim);
+// Launches the kernel of (dtype, kFwdTiles row `row`, whose head dim is head_dim) on `stream` with `grid` CTAs;
+// cudaErrorInvalidValue if that (dtype, head_dim) is not compiled or the row is not one of the head dim's.
+cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, const FwdParams& params, uint32_t grid,
+                              cudaStream_t stream);
 
 }  // namespace fa4::sm90

@@ -139,11 +139,23 @@ class DeviceGuard {
   bool switched_ = false;
 };
 
+namespace {
+thread_local int forced_fwd_row = -1;  // ScopedFwdRow's choice on this thread; -1: none
+}  // namespace
+
+ScopedFwdRow::ScopedFwdRow(int row) : previous_(forced_fwd_row) { forced_fwd_row = row; }
+ScopedFwdRow::~ScopedFwdRow() { forced_fwd_row = previous_; }
+
 void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
              const Tensor* lse, Stream stream) {
   const char* call = "fa4::forward";
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;  // no output element
-  const uint32_t block_m = fwd_block_m(int(p.head_dim));
+  const int row = forced_fwd_row >= 0 ? forced_fwd_row : fwd_row(int(p.head_dim), p.seqlen_q);
+  if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
+    throw Error(Status::invalid_argument, std::string(call) + ": tile-table row " + std::to_string(row) +
+                                              " is not a row of head dim " + std::to_string(p.head_dim));
+  const FwdTile& tile = kFwdTiles[row];
+  const uint32_t block_m = uint32_t(tile.block_m);
   const int64_t num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
   const int64_t num_tiles = num_m_blocks * p.heads_q * p.batch;
   if (num_tiles > kMaxIndex / 2)  // the dynamic scheduler hands out up to grid + num_tiles indices
@@ -159,7 +171,7 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   params.q_head_step = q_steps.head;
   params.q_batch_step = q_steps.batch;
   if (p.seqlen_k > 0) {  // no K/V element: the kernel loads nothing (and the data may be null)
-    const uint32_t block_n = uint32_t(fwd_tile(int(p.head_dim)).block_n);
+    const uint32_t block_n = uint32_t(tile.block_n);
     const CoordSteps k_steps = map_tensor(k, p.head_dim, block_n, &params.k_map);
     const CoordSteps v_steps = map_tensor(v, p.head_dim, block_n, &params.v_map);
     params.k_head_step = k_steps.head;
@@ -237,7 +249,7 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
     check(cudaMemsetAsync(counter.ptr, 0, sizeof(uint32_t), cu_stream), "cudaMemsetAsync of the tile counter");
     params.tile_counter = counter.ptr;
   }
-  check(launch_fwd_kernel(p.dtype, int(p.head_dim), params, grid, cu_stream), "sm_90a forward launch failed");
+  check(launch_fwd_kernel(p.dtype, int(p.head_dim), row, params, grid, cu_stream), "sm_90a forward launch failed");
   if (counter.ptr != nullptr) {
     const cudaError_t e = cudaFreeAsync(counter.ptr, cu_stream);
     counter.ptr = nullptr;

@@ -22,6 +22,20 @@ bool device_is_sm90(int index);
 // fine. Also refuses sizes beyond the kernel's 32-bit indices.
 void check_tma_layout(const char* call, const char* name, const Tensor& t);
 
+// For tests: while one lives, every forward call on this thread runs kFwdTiles row `row` (config.hpp), whatever
+// row the query length would choose, so each compiled kernel meets every shape. A call whose head dim is not
+// the row's fails with invalid_argument. Guards nest; the previous choice returns when one dies.
+class ScopedFwdRow {
+ public:
+  explicit ScopedFwdRow(int row);
+  ~ScopedFwdRow();
+  ScopedFwdRow(const ScopedFwdRow&) = delete;
+  ScopedFwdRow& operator=(const ScopedFwdRow&) = delete;
+
+ private:
+  int previous_;
+};
+
 // Launches the forward on `stream` (asynchronous: no allocation, no synchronisation). The problem has been
 // validated and selected for sm90.
 void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

@@ -30,9 +30,10 @@ __device__ __forceinline__ void load_tile(uint8_t* smem_tile, const CUtensorMap*
 // Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once both
 // consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q
 // so that it streams while the consumers finish the previous tile.
-template <int HeadDim>
-__device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem) {
-  using Config = FwdConfig<HeadDim>;
+template <int Row>
+__device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<Row>& smem) {
+  using Config = FwdConfig<Row>;
+  constexpr int HeadDim = Config::kHeadDim;
   using Ring = cuda::Pipeline<Config::kStages>;
   if (!ptx::elect_one_sync()) return;
 

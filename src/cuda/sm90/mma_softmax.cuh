@@ -241,12 +241,13 @@ __device__ __forceinline__ void release_per_warp(const cuda::Pipeline<Stages>& r
 // The consumer warpgroup `consumer`'s main loop over a work tile's visible K/V tiles `range` (not empty). On
 // return O holds the unnormalised output of this thread's rows and `rows` their (m, thread-local l). Q is
 // released after the last S when release_q is set (else the epilogue releases it after staging O in it).
-template <ptx::WgmmaInput In, int HeadDim>
-__device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<HeadDim>& smem,
+template <ptx::WgmmaInput In, int Row>
+__device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<Row>& smem,
                                                  const WorkTile& tile, const KvTileRange& range, int consumer,
-                                                 ConsumerStages<FwdConfig<HeadDim>::kStages>& st, bool release_q,
-                                                 ptx::WgmmaAccumulator<HeadDim>& o, RowState& rows) {
-  using Config = FwdConfig<HeadDim>;
+                                                 ConsumerStages<FwdConfig<Row>::kStages>& st, bool release_q,
+                                                 ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows) {
+  using Config = FwdConfig<Row>;
+  constexpr int HeadDim = Config::kHeadDim;
   using Ring = cuda::Pipeline<Config::kStages>;
   using S = ptx::WgmmaAccumulator<Config::kBlockN>;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 
 #include "cuda/pipeline/pipeline.cuh"
 #include "cuda/ptx/swizzle.hpp"
@@ -13,9 +14,9 @@ namespace fa4::sm90 {
 
 inline constexpr int kTileRingStages = 2;  // tile indices published ahead by the producer
 
-template <int HeadDim>
+template <int Row>
 struct FwdSharedStorage {
-  using Config = FwdConfig<HeadDim>;
+  using Config = FwdConfig<Row>;
   alignas(ptx::kSw128Alignment) uint8_t q[Config::kQTileBytes];
   alignas(ptx::kSw128Alignment) uint8_t k[Config::kStages][Config::kKvTileBytes];
   alignas(ptx::kSw128Alignment) uint8_t v[Config::kStages][Config::kKvTileBytes];
@@ -30,33 +31,37 @@ struct FwdSharedStorage {
 
 
 // Bytes to request at launch: the struct plus the slack that lets the kernel round the base up to 1024.
-template <int HeadDim>
+template <int Row>
 constexpr uint32_t fwd_smem_bytes() {
-  return uint32_t(sizeof(FwdSharedStorage<HeadDim>)) + kSmemAlignSlack;
+  return uint32_t(sizeof(FwdSharedStorage<Row>)) + kSmemAlignSlack;
 }
 
 #if defined(__CUDACC__)
 // Where consumer warpgroup `consumer` stages its 64 rows of O (chunks block_m·128 bytes apart, as in Q).
-template <int HeadDim>
-__device__ __forceinline__ uint8_t* o_staging(FwdSharedStorage<HeadDim>& smem, int consumer) {
-  uint8_t* base = FwdConfig<HeadDim>::kSeparateOStaging ? smem.o : smem.q;
+template <int Row>
+__device__ __forceinline__ uint8_t* o_staging(FwdSharedStorage<Row>& smem, int consumer) {
+  uint8_t* base = FwdConfig<Row>::kSeparateOStaging ? smem.o : smem.q;
   return base + consumer * kWgmmaM * ptx::kSw128RowBytes;
 }
 
 // The dynamic shared-memory base rounded up to the 1024-byte swizzle repeat (the descriptors use base offset 0).
-template <int HeadDim>
-__device__ __forceinline__ FwdSharedStorage<HeadDim>& fwd_shared_storage() {
+template <int Row>
+__device__ __forceinline__ FwdSharedStorage<Row>& fwd_shared_storage() {
   extern __shared__ uint8_t fwd_dynamic_smem[];
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(fwd_dynamic_smem));
-  return *reinterpret_cast<FwdSharedStorage<HeadDim>*>(fwd_dynamic_smem + ((1024u - (addr & 1023u)) & 1023u));
+  return *reinterpret_cast<FwdSharedStorage<Row>*>(fwd_dynamic_smem + ((1024u - (addr & 1023u)) & 1023u));
 }
 #endif
 
-template <int HeadDim>
+template <int Row>
 constexpr bool fwd_smem_fits() {
-  return fwd_smem_bytes<HeadDim>() <= kSmemPerBlockMax;
+  return fwd_smem_bytes<Row>() <= kSmemPerBlockMax;
 }
-static_assert(fwd_smem_fits<64>() && fwd_smem_fits<128>() && fwd_smem_fits<192>() && fwd_smem_fits<256>(),
+template <int... Rows>
+constexpr bool every_fwd_row_fits(std::integer_sequence<int, Rows...>) {
+  return (fwd_smem_fits<Rows>() && ...);
+}
+static_assert(every_fwd_row_fits(std::make_integer_sequence<int, kFwdRows>{}),
               "a tile-table row does not fit the 227 KiB of shared memory");
 
 }  // namespace fa4::sm90
