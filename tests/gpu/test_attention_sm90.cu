@@ -457,8 +457,8 @@ TEST(GpuAttentionSm90, PaddedOutputTakesTheDirectStoresWithTheSameBits) {
 
 // The persistent grid walks many tiles per CTA (static stride, or the causal LPT counter), skipping tiles whose
 // rows see no key, and stages O for consecutive tiles through the same buffers. Every tile's math is the same
-// whatever CTA runs it, so the whole problem in one call (320 tiles on 132 SMs) must give the bits of the same
-// problem cut into per-(batch, kv head) calls of 40 tiles each (one tile per CTA). At d = 256 the causal LPT
+// whatever CTA runs it, so the whole problem in one call (320 tiles of 128 rows, or 224 of 192, on 132 SMs) must
+// give the bits of the same problem cut into per-(batch, kv head) calls of 40 (or 28) tiles (one per CTA). At d = 256 the causal LPT
 // order has two L2 sections of (batch, head) pairs (28 + 4 on a 50 MB L2); rows 0..299 see no key.
 void expect_persistent_walk_matches_one_tile_per_cta(int only_head_dim, int64_t batch, int64_t heads_q,
                                                      int64_t heads_kv, int64_t sq, int64_t sk) {

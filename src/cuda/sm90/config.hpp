@@ -55,9 +55,11 @@ constexpr int fwd_row(int head_dim, int64_t seqlen_q) {
   return -1;
 }
 
-// Every head dim's rows are adjacent, ordered by max_seqlen_q, and end with one that takes any length.
+// Every head dim's rows are adjacent, ordered by max_seqlen_q (never negative), and end with one that takes
+// any length.
 constexpr bool fwd_rows_are_well_formed() {
   for (int r = 0; r < kFwdRows; ++r) {
+    if (kFwdTiles[r].max_seqlen_q < 0) return false;
     const bool last_of_head_dim = r + 1 == kFwdRows || kFwdTiles[r + 1].head_dim != kFwdTiles[r].head_dim;
     if (last_of_head_dim != (kFwdTiles[r].max_seqlen_q == 0)) return false;
     if (!last_of_head_dim && kFwdTiles[r + 1].max_seqlen_q != 0 && kFwdTiles[r + 1].max_seqlen_q <= kFwdTiles[r].max_seqlen_q)
@@ -104,8 +106,8 @@ struct FwdConfig {
   // with 24 the producer's tile loop spills 16 B; the consumers need ~228 at d = 128. d = 256 holds a 128-float O
   // per thread and spilled 112 B under 232; with 24 / 240 the kernel spills 52 B (producer and consumer).
   // Three consumer warpgroups (512 threads) share the file as 32 / 160.
-  static constexpr int kProducerRegisters = kTile.block_m == 192 ? 32 : (kHeadDim >= 256 ? 24 : 40);
-  static constexpr int kConsumerRegisters = kTile.block_m == 192 ? 160 : (kHeadDim >= 256 ? 240 : 232);
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : (kHeadDim >= 256 ? 24 : 40);
+  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 3 ? 160 : (kHeadDim >= 256 ? 240 : 232);
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 

@@ -30,14 +30,14 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
   for (;;) {
     tile_ring.consumer_wait(tile_stage);
-    // Lane 0 reads the slot and releases it; the warp takes the index by shuffle. One reader per warp keeps
-    // the arrivals at 8 per tile and gives racecheck no read to pair with the producer's next write.
+    // Lane 0 reads the slot, the warp takes the index by shuffle, then lane 0 releases the slot. One reader and
+    // one arrival per warp (a thread each cost d = 64 13%, perf-log G8), and racecheck sees no read to pair
+    // with the producer's next write. The release follows the shuffle so that every lane has finished its wait
+    // on this phase of the slot before the producer can refill it.
     int32_t linear = 0;
-    if (threadIdx.x % 32 == 0) {
-      linear = smem.tile_slot[tile_stage.index];
-      tile_ring.consumer_release(tile_stage);
-    }
+    if (threadIdx.x % 32 == 0) linear = smem.tile_slot[tile_stage.index];
     linear = __shfl_sync(0xffffffffu, linear, 0);
+    if (threadIdx.x % 32 == 0) tile_ring.consumer_release(tile_stage);
     ++tile_stage;
     if (linear >= p.order.num_tiles()) break;
 
@@ -108,6 +108,7 @@ cudaError_t launch_instance(const FwdParams& p, uint32_t grid, cudaStream_t stre
 // The kernels of a head dim: one per kFwdTiles row of that head dim; `row` picks the one that runs.
 template <DType Dtype, int HeadDim, int Row = 0>
 cudaError_t launch_head_dim_row(int row, const FwdParams& p, uint32_t grid, cudaStream_t stream) {
+  static_assert(fwd_row(HeadDim, 1) >= 0, "a head dim of instances.def has no row in kFwdTiles (config.hpp)");
   if constexpr (Row == kFwdRows) {
     return cudaErrorInvalidValue;
   } else {
