@@ -41,7 +41,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     ++tile_stage;
     if (linear >= p.order.num_tiles()) break;
 
-    const WorkTile tile = work_tile(p, linear);
+    const WorkTile tile = p.order.tile(linear);
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
     ptx::WgmmaAccumulator<Config::kHeadDim> o;
     RowState rows;

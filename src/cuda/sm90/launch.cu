@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <map>
-#include <optional>
-#include <utility>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "cuda/sm90/config.hpp"
 #include "cuda/sm90/kernel_fwd.hpp"

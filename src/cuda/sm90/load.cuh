@@ -57,7 +57,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     ++tile_stage;
     if (linear >= p.order.num_tiles()) return;
 
-    const WorkTile tile = work_tile(p, linear);
+    const WorkTile tile = p.order.tile(linear);
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
     if (range.empty()) continue;  // the consumers write zeros without waiting for anything
     const int32_t kv_head = tile.head / p.group;

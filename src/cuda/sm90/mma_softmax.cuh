@@ -1,7 +1,7 @@
-// MMA + softmax + correction role of a consumer warpgroup (two per CTA, 64 query rows each, sharing the K/V
-// ring). Per visible K/V tile n the warpgroup, on its turn at the tensor core (TensorCoreTurn, ping-pong):
+// MMA + softmax + correction role of a consumer warpgroup (block_m / 64 per CTA, 64 query rows each, sharing
+// the K/V ring). Per visible K/V tile n the warpgroup, on its turn at the tensor core (TensorCoreTurn, round robin):
 //   issues S = Q·Kₙᵀ (SS wgmma, both K-major) and O += P₍ₙ₋₁₎·V₍ₙ₋₁₎ (RS wgmma, P in registers, V MN-major),
-//   hands the turn to the other warpgroup,
+//   hands the turn to the next warpgroup,
 //   waits for S only (wgmma_wait_group<1>) and releases Kₙ,
 //   softmax of S (intra-warpgroup overlap: runs while its own P·V is still on the tensor core):
 //     x = score(S) in log2 units, masked to -inf; per-row block max over the quad (4 lanes hold a row);
@@ -187,16 +187,14 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAc
 
   // P = exp2(x - m), MUFU or emulated per the policy.
   const float m_sub[2] = {num::safe_max(rows.m[0]), num::safe_max(rows.m[1])};
-  const auto mufu_arg = [&](float v, int h) {
-    return Form == ScoreForm::raw_max ? fmaf(v, c, -m_sub[h]) : __fsub_rn(v, m_sub[h]);
+  const auto exp2_by_mufu = [&](int i) {  // element i on MUFU: one FFMA (raw_max) or FSUB for its argument
+    const int h = reg_row_half(i);
+    s.reg[i] = exp2_mufu(Form == ScoreForm::raw_max ? fmaf(s.reg[i], c, -m_sub[h]) : __fsub_rn(s.reg[i], m_sub[h]));
+    rows.l[h] += s.reg[i];
   };
   if (p.exp2_emulated_per16 == 0) {
 #pragma unroll
-    for (int i = 0; i < BlockN / 2; ++i) {
-      const int h = reg_row_half(i);
-      s.reg[i] = exp2_mufu(mufu_arg(s.reg[i], h));
-      rows.l[h] += s.reg[i];
-    }
+    for (int i = 0; i < BlockN / 2; ++i) exp2_by_mufu(i);
     return rescale;
   }
 #pragma unroll
@@ -213,11 +211,7 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAc
       }
     } else {
 #pragma unroll
-      for (int i = 4 * g; i < 4 * g + 4; ++i) {
-        const int h = reg_row_half(i);
-        s.reg[i] = exp2_mufu(mufu_arg(s.reg[i], h));
-        rows.l[h] += s.reg[i];
-      }
+      for (int i = 4 * g; i < 4 * g + 4; ++i) exp2_by_mufu(i);
     }
   }
   return rescale;

@@ -14,9 +14,6 @@
 
 namespace fa4::sm90 {
 
-// Tile `linear` of the order (tile_order.hpp) for this launch.
-__device__ __forceinline__ WorkTile work_tile(const FwdParams& p, int32_t linear) { return p.order.tile(linear); }
-
 // The producer's walk over tiles: first() and next() give linear tile indices; num_tiles or more means done.
 class TileScheduler {
  public:

@@ -29,7 +29,6 @@ struct FwdSharedStorage {
   int32_t tile_slot[kTileRingStages];              // linear tile index; >= num_tiles: no more work
 };
 
-
 // Bytes to request at launch: the struct plus the slack that lets the kernel round the base up to 1024.
 template <int Row>
 constexpr uint32_t fwd_smem_bytes() {
