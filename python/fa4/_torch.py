@@ -2,7 +2,8 @@
 through them without a graph break and autograd differentiates them), and FlashAttention's flash_attn_func.
 
 CPU tensors run on the CPU backend, CUDA tensors on the GPU kernels, on the current CUDA stream (so CUDA-graph
-capture works: nothing here synchronizes, and outputs come from torch's caching allocator)."""
+capture works: nothing here synchronizes, and outputs and workspaces come from torch's caching allocator).
+Whether a call can run is the library's decision alone: its refusals arrive as fa4.UnsupportedError."""
 
 import contextlib
 from typing import Optional
@@ -51,8 +52,10 @@ def _stream(q):
 
 
 def _workspace(pass_, inputs, options, device):
-    """(tensor keeping it alive, pointer, bytes) of the workspace the pass asks for, on q's device, from torch's
-    caching allocator (so CUDA-graph capture works)."""
+    """(tensor keeping it alive, pointer, bytes) of the workspace the pass asks for (the CUDA backward: its fp32
+    dQ accumulator and row statistics), on q's device, from torch's caching allocator on the current stream, the
+    stream the call is launched on (so CUDA-graph capture records it in the graph's pool, and the block goes back
+    to the cache stream-ordered when the tensor dies, after the launch). The library initializes what it reads."""
     nbytes = _capi.workspace_size(pass_, *inputs, options)
     if nbytes == 0:
         return None, None, 0
@@ -90,6 +93,11 @@ def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """(dq, dk, dv), contiguous, shaped as q, k, v."""
     call = "fa4.flash_attn_func (backward)"
     dout, q, k, v, out = (_unit_head_dim_stride(t) for t in (dout, q, k, v, out))
+    if dout.device.type == "cuda" and (not dout.is_contiguous() or dout.data_ptr() % 16 != 0):
+        # dout's layout is autograd's choice, not the caller's (a broadcast from sum/mean, a view into a larger
+        # gradient at any offset), and the GPU kernels read it with TMA (16-byte aligned base and strides, no
+        # broadcast sequence): hand them a fresh contiguous copy. Usually it already is one.
+        dout = dout.clone(memory_format=torch.contiguous_format)
     grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
@@ -133,8 +141,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     what the build has); any strides with the head_dim stride made 1. softmax_scale defaults to
     1/sqrt(head_dim); causal is bottom-right aligned (row i sees keys j <= i + seqlen_k - seqlen_q); window_size
     = (left, right), -1 or None = unbounded; softcap: s <- softcap·tanh(s/softcap) on scaled scores, 0 = off;
-    deterministic: bitwise-reproducible backward. Returns out, or (out, lse) with return_lse=True; lse is float32
-    [batch, heads, seqlen_q], natural log, and not differentiated."""
+    deterministic: bitwise-reproducible backward, passed to the library (the CPU backend always is; where a
+    backend has no deterministic backward the backward raises fa4.UnsupportedError saying so). Returns out, or
+    (out, lse) with return_lse=True; lse is float32 [batch, heads, seqlen_q], natural log, and not
+    differentiated. The backward (autograd) runs the library's backward on the same device and stream rules."""
     call = "fa4.flash_attn_func"
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):

@@ -33,7 +33,13 @@ void backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o
       detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options, workspace, stream);
   switch (detail::require_backend("fa4::backward", p)) {
     case detail::Backend::cpu: cpu::backward(p, q, k, v, out, dout, lse, dq, dk, dv); return;
-    case detail::Backend::cuda: break;
+    case detail::Backend::cuda:
+#if defined(FA4_WITH_SM90)
+      sm90::backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, stream);
+      return;
+#else
+      break;
+#endif
   }
   throw Error(Status::internal, "fa4::backward: selected backend has no backward");
 }

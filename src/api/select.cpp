@@ -57,10 +57,19 @@ Backend require_backend(const char* call, const Problem& p) {
 }
 
 void require_pass(const char* call, const Problem& p, Pass pass) {
-  if (p.device == Device::cuda && pass == Pass::backward)
-    unsupported(call, "cpu tensors for the backward pass (the CUDA backward is not implemented yet; only the sm_90a "
-                      "forward is)",
-                "cuda tensors");
+  if (p.device != Device::cuda || pass != Pass::backward) return;
+#if defined(FA4_WITH_SM90)
+  if (!sm90::has_backward_kernel(p.dtype, p.head_dim))
+    unsupported(call, "a (dtype, head_dim) with a compiled CUDA backward kernel (" + compiled_kernels() + ")",
+                std::string("cuda tensors of dtype ") + to_string(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
+  if (p.deterministic)
+    throw Error(Status::unsupported, std::string(call) +
+                                         ": argument 'options.deterministic': expected false for cuda tensors (the "
+                                         "deterministic CUDA backward is not implemented yet; the CPU backend is "
+                                         "deterministic), got true");
+#else
+  (void)call;
+#endif
 }
 
 void require_layout(const char* call, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
@@ -74,8 +83,23 @@ void require_layout(const char* call, const Problem& p, const Tensor& q, const T
 #endif
 }
 
-std::size_t workspace_bytes(const Problem&, Pass) {
-  return 0;  // the CPU backend keeps its scratch per thread, internally; the sm_90a forward needs none
+void require_backward_layout(const char* call, const Problem& p, const Tensor& dout) {
+  if (p.device != Device::cuda) return;
+#if defined(FA4_WITH_SM90)
+  sm90::check_tma_layout(call, "dout", dout);
+#else
+  (void)call, (void)dout;
+#endif
+}
+
+std::size_t workspace_bytes(const Problem& p, Pass pass) {
+  // The CPU backend keeps its scratch per thread, internally; the sm_90a forward needs none.
+#if defined(FA4_WITH_SM90)
+  if (p.device == Device::cuda && pass == Pass::backward) return sm90::backward_workspace_bytes(p);
+#else
+  (void)p, (void)pass;
+#endif
+  return 0;
 }
 
 }  // namespace fa4::detail

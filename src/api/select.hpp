@@ -22,6 +22,9 @@ void require_pass(const char* call, const Problem& p, Pass pass);
 // (the sm_90a kernels load q, k, v with TMA: 16-byte aligned bases and strides).
 void require_layout(const char* call, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v);
 
+// The backward's extra inputs: throws Error(unsupported) when the selected kernel cannot read dout (TMA).
+void require_backward_layout(const char* call, const Problem& p, const Tensor& dout);
+
 std::size_t workspace_bytes(const Problem& p, Pass pass);
 
 }  // namespace fa4::detail

@@ -113,7 +113,11 @@ void check_lse(const char* call, const Tensor& lse, const Problem& p, const Tens
 
 void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws, Stream stream) {
   const std::size_t need = workspace_bytes(p, pass);
-  if (ws.bytes < need) invalid(call, "workspace", std::to_string(need) + " bytes (see workspace_size)", std::to_string(ws.bytes) + " bytes");
+  // No workspace at all ({nullptr, 0}) is allowed: the backend then takes what it needs from the stream-ordered
+  // allocator (README). A workspace that is given must be large enough.
+  const bool none_given = ws.data == nullptr && ws.bytes == 0;
+  if (!none_given && ws.bytes < need)
+    invalid(call, "workspace", std::to_string(need) + " bytes (see workspace_size), or none", std::to_string(ws.bytes) + " bytes");
   if (ws.bytes > 0 && ws.data == nullptr) invalid(call, "workspace", "a data pointer for " + std::to_string(ws.bytes) + " bytes", "null");
   if (p.device == Device::cpu && stream != nullptr) invalid(call, "stream", "null for cpu tensors", "a CUDA stream");
 }
@@ -226,6 +230,7 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   for (const auto& o : outputs)
     for (const auto& a : all)
       if (std::string(a.first) != o.first) check_disjoint(call, o.first, *o.second, a.first, *a.second);
+  require_backward_layout(call, p, dout);
   check_workspace(call, p, Pass::backward, workspace, stream);
   return p;
 }

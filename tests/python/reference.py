@@ -55,6 +55,50 @@ def attention(q, k, v, softmax_scale=None, causal=False, window=(-1, -1), softca
     return out.astype(np.float64), lse[..., 0].astype(np.float64)
 
 
+def attention_backward(q, k, v, dout, softmax_scale=None, causal=False, window=(-1, -1), softcap=0.0,
+                       rounding=None):
+    """(dq, dk, dv) in float64: the oracle's gradients of attention(q, k, v, ...) for the output gradient dout.
+
+    With `rounding` (a numpy dtype) they are instead the tolerance rule's naive same-precision baseline, as
+    src/cpu/reference.cpp's Precision::storage computes it: float32 work for float32; for float16/bfloat16 the
+    products S = q·kᵀ, P, dP = dO·vᵀ, dS and the gradients are rounded to that dtype (dK, dV once, after the sum
+    over the query heads of a GQA group). D = rowsum(P ∘ dP) (= rowsum(dO ∘ O) in exact arithmetic)."""
+    work = np.float32 if rounding is not None and np.dtype(rounding) == np.float32 else np.float64
+
+    def rounded(x):
+        return x if rounding is None or work == np.float32 else x.astype(rounding).astype(np.float64)
+
+    q, k, v, dout = (np.asarray(x).astype(work) for x in (q, k, v, dout))
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k, heads_kv = k.shape[1], k.shape[2]
+    group = heads_q // heads_kv
+    # [b, h, s, d], kv repeated per query head (query head h reads kv head h // group): batched matmuls.
+    qh, doh = (x.transpose(0, 2, 1, 3) for x in (q, dout))
+    kh, vh = (np.repeat(x, group, axis=2).transpose(0, 2, 1, 3) for x in (k, v))
+    scale = work(np.float32(1.0 / np.sqrt(np.float32(head_dim)) if softmax_scale is None else softmax_scale))
+    s = rounded(qh @ kh.transpose(0, 1, 3, 2)) * scale
+    t = np.zeros_like(s)
+    if softcap:
+        softcap = work(np.float32(softcap))
+        t = np.tanh(s / softcap)
+        s = softcap * t
+    s = np.where(allowed_keys(seqlen_q, seqlen_k, causal, window), s, -np.inf)
+    row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)
+    e = np.exp(s - np.where(np.isfinite(row_max), row_max, 0.0).astype(work))  # 0 where masked
+    row_sum = e.sum(axis=-1, keepdims=True)
+    p = rounded(e / np.where(row_sum > 0, row_sum, 1.0).astype(work))  # fully masked rows: P = 0
+    dp = rounded(doh @ vh.transpose(0, 1, 3, 2))
+    dsum = (p * dp).sum(axis=-1, keepdims=True)
+    ds = rounded(p * (dp - dsum) * (1 - t * t)) * scale
+    dq = rounded(ds @ kh).transpose(0, 2, 1, 3)
+
+    def per_kv_head(x):  # [b, h_q, s_k, d] -> [b, s_k, h_kv, d], summed over each group
+        return rounded(x.reshape(batch, heads_kv, group, seqlen_k, head_dim).sum(axis=2).transpose(0, 2, 1, 3))
+    dk = per_kv_head(ds.transpose(0, 1, 3, 2) @ qh)
+    dv = per_kv_head(p.transpose(0, 1, 3, 2) @ doh)
+    return tuple(np.ascontiguousarray(g, dtype=np.float64) for g in (dq, dk, dv))
+
+
 def numpy_dtype(name):
     """A numpy dtype by name; bfloat16 comes from ml_dtypes (callers skip when it is not installed)."""
     if name == "bfloat16":
@@ -78,18 +122,37 @@ def rule_factor(dtype, softcap=0.0):
     return factor * 1.5 if softcap else factor
 
 
-def assert_within_rule(ours, reference_out, naive_out, dtype, softcap=0.0):
-    """max|ours - ref| <= rule_factor·max|naive - ref| + atol (FlashAttention's rule). float64 is computed
-    exactly, so it is held to 1e-10 instead."""
+def gradient_atol(reference_grad, dtype, softcap=0.0):
+    """What the rule adds for gradients (src/testing/tolerance.cpp): FlashAttention's 3e-4 with softcap; in
+    float32 4 ulp of max|ref| (the flash backward takes D = dO·O from the stored output, the naive baseline sums
+    P·dP: the cancellation in dP - D costs a few ulps that the baseline does not pay)."""
+    extra = 3e-4 if softcap else 0.0
+    if np.dtype(dtype) == np.float32:
+        extra += 4 * 2.0**-23 * float(np.max(np.abs(reference_grad), initial=0.0))
+    return extra
+
+
+def assert_within_rule(ours, reference_out, naive_out, dtype, softcap=0.0, extra_atol=0.0, name="out"):
+    """max|ours - ref| <= rule_factor·max|naive - ref| + atol (+ extra_atol) (FlashAttention's rule). float64 is
+    computed exactly, so it is held to 1e-10 instead. A NaN anywhere in ours fails."""
     ours = np.asarray(ours).astype(np.float64)
+    assert ours.shape == reference_out.shape, f"{name}: shape {ours.shape}, expected {reference_out.shape}"
+    assert not np.isnan(ours).any(), f"{name}: {int(np.isnan(ours).sum())} NaN elements (an unwritten output?)"
     error = float(np.max(np.abs(ours - reference_out), initial=0.0))
     if np.dtype(dtype) == np.float64:
         bound = 1e-10 * max(1.0, float(np.max(np.abs(reference_out), initial=0.0)))
     else:
         naive_error = float(np.max(np.abs(naive_out - reference_out), initial=0.0))
-        bound = rule_factor(dtype, softcap) * naive_error + tolerance_atol(reference_out, dtype)
-    assert error <= bound, f"max |ours - reference| = {error:.3g} > bound {bound:.3g} ({np.dtype(dtype).name})"
+        bound = rule_factor(dtype, softcap) * naive_error + tolerance_atol(reference_out, dtype) + extra_atol
+    assert error <= bound, (f"{name}: max |ours - reference| = {error:.3g} > bound {bound:.3g} "
+                            f"({np.dtype(dtype).name})")
     return error
+
+
+def assert_gradients_within_rule(grads, reference_grads, naive_grads, dtype, softcap=0.0):
+    """The rule on each of (dq, dk, dv), with the gradients' extra atol."""
+    for name, ours, ref, naive in zip(("dq", "dk", "dv"), grads, reference_grads, naive_grads):
+        assert_within_rule(ours, ref, naive, dtype, softcap, gradient_atol(ref, dtype, softcap), name)
 
 
 def random_inputs(rng, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype=np.float64):

@@ -33,6 +33,38 @@ def test_values_within_tolerance_rule(rng, dtype_name, name, shape, options):
     np.testing.assert_allclose(lse[finite], ref_lse[finite], rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("name,shape,options", reference.CASES, ids=[c[0] for c in reference.CASES])
+def test_reference_backward_matches_the_float64_backend(rng, name, shape, options):
+    """The oracle's gradients (reference.attention_backward, which the GPU tests also use) against the CPU
+    backend's float64 backward: both exact, independently written (the backend's is checked against central
+    differences below)."""
+    q, k, v = reference.random_inputs(rng, **shape)
+    dout = rng.standard_normal(q.shape)
+    out, lse = fa4.attention(q, k, v, return_lse=True, **options)
+    grads = fa4.attention_backward(dout, q, k, v, out, lse, **options)
+    ref = reference.attention_backward(q, k, v, dout, **reference.reference_options(options))
+    reference.assert_gradients_within_rule(grads, ref, ref, np.float64)
+
+
+@pytest.mark.parametrize("dtype_name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("name,shape,options", reference.CASES, ids=[c[0] for c in reference.CASES])
+def test_backward_within_tolerance_rule(rng, dtype_name, name, shape, options):
+    """Low-precision gradients of the CPU backend against the oracle, with the naive same-precision baseline
+    of reference.attention_backward(rounding=...): the rule the CUDA gradient tests apply."""
+    if dtype_name == "bfloat16":
+        pytest.importorskip("ml_dtypes", reason="bfloat16 arrays need ml_dtypes")
+    dtype = reference.numpy_dtype(dtype_name)
+    q, k, v = reference.random_inputs(rng, dtype=dtype, **shape)
+    dout = rng.standard_normal(q.shape).astype(dtype)
+    out, lse = fa4.attention(q, k, v, return_lse=True, **options)
+    grads = fa4.attention_backward(dout, q, k, v, out, lse, **options)
+    assert all(g.dtype == dtype for g in grads)
+    ref_options = reference.reference_options(options)
+    ref = reference.attention_backward(q, k, v, dout, **ref_options)
+    naive = reference.attention_backward(q, k, v, dout, rounding=dtype, **ref_options)
+    reference.assert_gradients_within_rule(grads, ref, naive, dtype, softcap=options.get("softcap", 0.0))
+
+
 def test_fully_masked_rows_give_zero_and_minus_inf(rng):
     # causal with seqlen_q > seqlen_k: rows i < seqlen_q - seqlen_k see no key at all.
     q, k, v = reference.random_inputs(rng, 1, 6, 2, 2, 2, 8, dtype=np.float32)

@@ -1,11 +1,14 @@
-"""fa4 on CUDA tensors: values, SDPA comparison, opcheck, torch.compile, CUDA-graph capture and replay, and the
-per-call overhead of a decode-sized call.
+"""fa4 on CUDA tensors: forward values, SDPA comparison, gradients (autograd through fa4::forward / fa4::backward)
+against the float64 oracle, opcheck, torch.compile, CUDA-graph capture and replay of forward and backward, the
+deterministic option, and the per-call overhead of a decode-sized call.
 
-Every test here is marked `gpu`. Without a GPU they skip with that reason; on a GPU whose libfa4 has no CUDA
-kernels (fa4_supports answers FA4_ERROR_UNSUPPORTED) they skip with the library's reason, except the test that
-checks that this reason reaches the caller as fa4.UnsupportedError."""
+Every test here is marked `gpu`. Without a GPU they skip with that reason; on a GPU whose libfa4 cannot run a
+pass (fa4_supports answers FA4_ERROR_UNSUPPORTED: no CUDA kernels, no CUDA backward, or not for this dtype,
+head_dim or option) they skip with the library's reason, except the tests that check that such a refusal reaches
+the caller as fa4.UnsupportedError. Nothing in the Python package refuses a CUDA call itself: only the library."""
 
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -23,25 +26,71 @@ LOW_PRECISION = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def cuda_tensors(batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, dtype=torch.bfloat16, seed=0,
-                 requires_grad=False):
+                 requires_grad=False, q_std=1.0):
     generator = torch.Generator(device="cuda").manual_seed(seed)
 
-    def draw(seqlen, heads):
-        x = torch.randn(batch, seqlen, heads, head_dim, generator=generator, device="cuda").to(dtype)
+    def draw(seqlen, heads, std=1.0):
+        x = (torch.randn(batch, seqlen, heads, head_dim, generator=generator, device="cuda") * std).to(dtype)
         return x.requires_grad_(requires_grad)
-    return draw(seqlen_q, heads_q), draw(seqlen_k, heads_kv), draw(seqlen_k, heads_kv)
+    return draw(seqlen_q, heads_q, q_std), draw(seqlen_k, heads_kv), draw(seqlen_k, heads_kv)
 
 
-def library_support(dtype=torch.bfloat16, backward=False, **options):
-    return fa4.supports(*cuda_tensors(1, 128, 128, 2, 2, 128, dtype=dtype), backward=backward, **options)
+def cuda_randn_like(t, seed):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(t.shape, generator=generator, device="cuda").to(t.dtype)
 
 
-def require_kernels(dtype=torch.bfloat16, backward=False):
-    """Skip, with the library's own reason, when it cannot run this pass on CUDA tensors of this dtype."""
-    support = library_support(dtype, backward)
-    if not support:
-        pytest.skip(f"libfa4 cannot run the {'backward' if backward else 'forward'} pass on CUDA {dtype}: "
-                    f"{support.reason}")
+def case_seed(*parts):
+    """A seed of its own for each case (fresh inputs per case, reproducible from the test id)."""
+    return zlib.crc32("/".join(map(str, parts)).encode())
+
+
+def library_support(dtype=torch.bfloat16, backward=False, head_dim=128, **options):
+    return fa4.supports(*cuda_tensors(1, 128, 128, 2, 2, head_dim, dtype=dtype), backward=backward, **options)
+
+
+def require_kernels(dtype=torch.bfloat16, backward=False, head_dim=128, **options):
+    """Skip, with the library's own reason, when it cannot run this pass on CUDA tensors of this dtype and head
+    dim with these options (for the backward: the forward too, which autograd runs first)."""
+    for pass_backward in ((False, True) if backward else (False,)):
+        support = library_support(dtype, pass_backward, head_dim, **options)
+        if not support:
+            pytest.skip(f"libfa4 cannot run the {'backward' if pass_backward else 'forward'} pass on CUDA {dtype} "
+                        f"head_dim {head_dim}: {support.reason}")
+
+
+def poison_cached_blocks(*like, copies=3):
+    """Best effort at the C++ tests' NaN-poisoned outputs: the ops take their outputs (and gradients) from torch's
+    caching allocator, so fill blocks of those sizes with NaN and hand them back to the cache, where the next
+    allocations of those sizes on this stream find them. A gradient element the kernel leaves unwritten then
+    fails the comparison instead of reading as a fresh segment's zeros."""
+    blocks = [torch.full(t.shape, float("nan"), dtype=t.dtype, device=t.device) for t in like for _ in range(copies)]
+    del blocks
+
+
+def assert_gradients_match_reference(gradient_sets, q, k, v, dout, dtype_name, options):
+    """Each (dq, dk, dv) in gradient_sets against the float64 oracle under FlashAttention's rule (the naive
+    same-precision baseline of reference.attention_backward; 3e-4 more with softcap)."""
+    arrays = [to_numpy_float64(t) for t in (q, k, v, dout)]
+    ref_options = reference.reference_options(options)
+    dtype = reference.numpy_dtype(dtype_name)
+    ref = reference.attention_backward(*arrays, **ref_options)
+    naive = reference.attention_backward(*arrays, rounding=dtype, **ref_options)
+    for grads in gradient_sets:
+        for g, x in zip(grads, (q, k, v)):
+            assert g.dtype == q.dtype and g.shape == x.shape and g.device == x.device, (g.dtype, g.shape, g.device)
+        reference.assert_gradients_within_rule([to_numpy_float64(g) for g in grads], ref, naive, dtype,
+                                               softcap=options.get("softcap", 0.0))
+
+
+def assert_same_computation(ours, theirs):
+    """Two runs of the same kernels on the same inputs: out bitwise (the forward is deterministic); gradients
+    within a few ulps (the non-deterministic backward adds dQ partials in any order)."""
+    out, *grads = ours
+    their_out, *their_grads = theirs
+    assert torch.equal(out, their_out)
+    for name, a, b in zip(("dq", "dk", "dv"), grads, their_grads):
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-3, msg=lambda m: f"{name}: {m}")
 
 
 def to_numpy_float64(t):
@@ -122,46 +171,217 @@ def attention_block(q, k, v):
     return fa4.flash_attn_func(q * 1.5, k, v, causal=True).float().relu().sum(dim=-1)
 
 
-def test_torch_compile_fullgraph_on_cuda():
+GRAD_CASES = [  # (name, shape without head_dim, options): several tiles of both kernels' block sizes, ragged edges
+    ("mha", dict(batch=2, seqlen_q=256, seqlen_k=256, heads_q=4, heads_kv=4), {}),
+    ("mha_causal", dict(batch=2, seqlen_q=256, seqlen_k=256, heads_q=4, heads_kv=4), dict(causal=True)),
+    ("gqa_sq<sk", dict(batch=1, seqlen_q=200, seqlen_k=333, heads_q=8, heads_kv=2), {}),
+    ("gqa_causal_sq<sk", dict(batch=2, seqlen_q=113, seqlen_k=301, heads_q=6, heads_kv=2), dict(causal=True)),
+    ("gqa_sq>sk", dict(batch=2, seqlen_q=257, seqlen_k=64, heads_q=4, heads_kv=2), {}),
+    ("mqa_causal_sq>sk_masked_rows", dict(batch=1, seqlen_q=300, seqlen_k=129, heads_q=4, heads_kv=1),
+     dict(causal=True)),
+    ("mqa_decode", dict(batch=3, seqlen_q=1, seqlen_k=257, heads_q=4, heads_kv=1), dict(causal=True)),
+    ("gqa_causal_long", dict(batch=1, seqlen_q=1024, seqlen_k=1024, heads_q=4, heads_kv=2), dict(causal=True)),
+    ("gqa_window_softcap_scale", dict(batch=1, seqlen_q=190, seqlen_k=250, heads_q=4, heads_kv=2),
+     dict(window_size=(40, 7), softcap=5.0, softmax_scale=0.5)),
+]
+
+
+def gradient_inputs(shape, head_dim, dtype, options, seed):
+    """q, k, v (requiring grad) and dout, fresh per seed; with a softcap q is scaled by softcap/4 (as
+    FlashAttention's tests and fa4's C++ tests do) so that the scores reach the cap."""
+    softcap = options.get("softcap", 0.0)
+    q, k, v = cuda_tensors(head_dim=head_dim, dtype=dtype, seed=seed, requires_grad=True,
+                           q_std=softcap / 4 if softcap else 1.0, **shape)
+    return q, k, v, cuda_randn_like(q, seed + 1)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype_name", list(LOW_PRECISION))
+@pytest.mark.parametrize("name,shape,options", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_gradients_within_tolerance_rule(dtype_name, head_dim, name, shape, options):
+    """Autograd through fa4::forward and fa4::backward on CUDA tensors, against the float64 oracle."""
+    pytest.importorskip("ml_dtypes", reason="the bfloat16 tolerance needs ml_dtypes")
+    dtype = LOW_PRECISION[dtype_name]
+    require_kernels(dtype, backward=True, head_dim=head_dim, **options)
+    q, k, v, dout = gradient_inputs(shape, head_dim, dtype, options, case_seed(name, dtype_name, head_dim))
+    poison_cached_blocks(q, k, v)
+    out = fa4.flash_attn_func(q, k, v, **options)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    assert_gradients_match_reference([grads], q, k, v, dout, dtype_name, options)
+
+
+def test_backward_uses_a_torch_workspace_on_the_current_stream(monkeypatch):
+    """The backward's workspace comes from torch's caching allocator on q's device, and the launch goes on the
+    current stream of the backward, which autograd makes the forward's (here a side stream)."""
+    pytest.importorskip("ml_dtypes", reason="the bfloat16 tolerance needs ml_dtypes")
     require_kernels(torch.bfloat16, backward=True)
-    torch._dynamo.reset()
-    compiled = torch.compile(attention_block, fullgraph=True)
-    inputs = cuda_tensors(2, 128, 256, 8, 2, 128, requires_grad=True)
-    eager_inputs = [t.detach().clone().requires_grad_() for t in inputs]
-    torch.testing.assert_close(compiled(*inputs), attention_block(*eager_inputs), rtol=2e-2, atol=2e-2)
-    compiled(*inputs).sum().backward()
-    attention_block(*eager_inputs).sum().backward()
-    for ours, eager in zip(inputs, eager_inputs):
-        torch.testing.assert_close(ours.grad, eager.grad, rtol=2e-2, atol=2e-2)
+    calls = []
+    real_backward = fa4._capi.backward
 
+    def spy(*args):
+        calls.append(args[-3:])  # workspace pointer, workspace bytes, stream
+        return real_backward(*args)
+    monkeypatch.setattr(fa4._capi, "backward", spy)
 
-def test_cuda_graph_capture_and_replay():
-    require_kernels(torch.bfloat16, backward=True)
-    q, k, v = cuda_tensors(2, 128, 256, 8, 2, 128, requires_grad=True)
-    dout = torch.randn_like(q)
-
-    def step():
-        out = fa4.flash_attn_func(q, k, v, causal=True)
-        return (out, *torch.autograd.grad(out, (q, k, v), dout))
-
-    side = torch.cuda.Stream()  # warm up off the default stream, as torch.cuda.graph requires
+    q, k, v, dout = gradient_inputs(dict(batch=2, seqlen_q=256, seqlen_k=320, heads_q=8, heads_kv=2), 128,
+                                    torch.bfloat16, {}, case_seed("workspace"))
+    side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        for _ in range(2):
+        out = fa4.flash_attn_func(q, k, v, causal=True)
+        grads = torch.autograd.grad(out, (q, k, v), dout)
+    torch.cuda.current_stream().wait_stream(side)
+
+    assert len(calls) == 1, calls
+    workspace, workspace_bytes, stream = calls[0]
+    assert stream == side.cuda_stream
+    assert workspace_bytes > 0 and workspace is not None, "the CUDA backward asks for a workspace; none was passed"
+    segments = [s for s in torch.cuda.memory_snapshot()
+                if s["address"] <= workspace and workspace + workspace_bytes <= s["address"] + s["total_size"]]
+    assert segments, "the workspace is not in a segment of torch's caching allocator"
+    assert segments[0]["device"] == q.device.index
+    assert segments[0].get("stream", side.cuda_stream) == side.cuda_stream
+    assert_gradients_match_reference([grads], q, k, v, dout, "bfloat16", dict(causal=True))
+
+
+@pytest.mark.parametrize("layout", ["broadcast_seqlen", "misaligned_view", "bhsd", "autograd_sum_over_seqlen"])
+def test_backward_takes_any_dout_layout(layout):
+    """dout's layout is autograd's choice (out.sum(dim=1) hands back a seqlen stride of 0; a slice of a larger
+    gradient can start anywhere): the op gives the kernels a copy they can read instead of failing."""
+    pytest.importorskip("ml_dtypes", reason="the bfloat16 tolerance needs ml_dtypes")
+    require_kernels(torch.bfloat16, backward=True)
+    q, k, v, _ = gradient_inputs(dict(batch=2, seqlen_q=160, seqlen_k=224, heads_q=4, heads_kv=2), 128,
+                                 torch.bfloat16, {}, case_seed("dout", layout))
+    b, s, h, d = q.shape
+    generator = torch.Generator(device="cuda").manual_seed(case_seed("dout values", layout))
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=generator, device="cuda").to(q.dtype)
+    if layout == "autograd_sum_over_seqlen":
+        weight = randn(b, h, d)
+        out = fa4.flash_attn_func(q, k, v, causal=True)
+        grads = torch.autograd.grad((out.sum(dim=1) * weight).sum(), (q, k, v))
+        dout = weight[:, None].expand(b, s, h, d)
+    else:
+        dout = {"broadcast_seqlen": lambda: randn(b, 1, h, d).expand(b, s, h, d),
+                "misaligned_view": lambda: randn(q.numel() + 1)[1:].view(q.shape),
+                "bhsd": lambda: randn(b, h, s, d).transpose(1, 2)}[layout]()
+        q_, k_, v_ = (t.detach() for t in (q, k, v))
+        out, lse = torch.ops.fa4.forward(q_, k_, v_, None, True, -1, -1, 0.0, False)
+        grads = torch.ops.fa4.backward(dout, q_, k_, v_, out, lse, None, True, -1, -1, 0.0, False)
+    assert_gradients_match_reference([grads], q, k, v, dout, "bfloat16", dict(causal=True))
+
+
+def test_backward_refusal_reaches_the_caller_through_autograd():
+    """A head dim the CUDA forward has and the CUDA backward has not (256 for now): the library's
+    fa4.UnsupportedError, naming the argument, comes out of autograd with its class and message."""
+    require_kernels(torch.bfloat16, head_dim=256)
+    support = library_support(torch.bfloat16, backward=True, head_dim=256)
+    if support:
+        pytest.skip("libfa4 has a CUDA backward at head_dim 256: nothing to refuse")
+    q, k, v = cuda_tensors(1, 128, 128, 2, 2, 256, requires_grad=True)
+    out = fa4.flash_attn_func(q, k, v)
+    with pytest.raises(fa4.UnsupportedError) as info:
+        out.backward(torch.ones_like(out))
+    assert "'q'" in str(info.value) and "cuda" in str(info.value), str(info.value)
+
+
+def test_backward_opcheck_on_cuda():
+    require_kernels(torch.bfloat16, backward=True)
+    q, k, v = cuda_tensors(2, 64, 96, 4, 2, 128, seed=case_seed("backward opcheck"))
+    options = (None, True, -1, -1, 0.0, False)
+    out, lse = torch.ops.fa4.forward(q, k, v, *options)
+    dout = cuda_randn_like(out, 5)
+    torch.library.opcheck(torch.ops.fa4.backward.default, (dout, q, k, v, out, lse, *options))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_torch_compile_fullgraph_forward_and_backward_on_cuda(causal):
+    """torch.compile(fullgraph=True) (Inductor) of a step around the op, differentiated: the same numbers as eager
+    fa4, and within the rule of the oracle."""
+    pytest.importorskip("ml_dtypes", reason="the bfloat16 tolerance needs ml_dtypes")
+    require_kernels(torch.bfloat16, backward=True)
+    torch._dynamo.reset()
+
+    def step(q, k, v, dout):  # d loss / d out = dout exactly (dout is bfloat16, its float() exact)
+        out = fa4.flash_attn_func(q, k, v, causal=causal)
+        return out, (out.float() * dout.float()).sum()
+    compiled = torch.compile(step, fullgraph=True)
+    options = dict(causal=causal)
+    q, k, v, dout = gradient_inputs(dict(batch=2, seqlen_q=200, seqlen_k=328, heads_q=8, heads_kv=2), 128,
+                                    torch.bfloat16, options, case_seed("compile", causal))
+    eager_inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, loss = compiled(q, k, v, dout)
+    grads = torch.autograd.grad(loss, (q, k, v))
+    eager_out, eager_loss = step(*eager_inputs, dout)
+    eager_grads = torch.autograd.grad(eager_loss, eager_inputs)
+    assert_same_computation((out, *grads), (eager_out, *eager_grads))
+    assert_gradients_match_reference([grads, eager_grads], q, k, v, dout, "bfloat16", options)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype_name,head_dim", [("bfloat16", 128), ("float16", 64)])
+def test_cuda_graph_capture_and_replay_forward_and_backward(dtype_name, head_dim, causal):
+    """Forward and backward captured in one CUDA graph (static inputs, warm-up on a side stream as PyTorch's
+    docs do), replayed with new values copied into the inputs: the gradients follow, within the rule."""
+    pytest.importorskip("ml_dtypes", reason="the bfloat16 tolerance needs ml_dtypes")
+    dtype = LOW_PRECISION[dtype_name]
+    require_kernels(dtype, backward=True, head_dim=head_dim)
+    options = dict(causal=causal)
+    shape = dict(batch=2, seqlen_q=190, seqlen_k=300, heads_q=8, heads_kv=2)
+    q, k, v, dout = gradient_inputs(shape, head_dim, dtype, options, case_seed("graph", dtype_name, causal))
+
+    def step():
+        out = fa4.flash_attn_func(q, k, v, **options)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         captured = step()
 
-    for seed in (1, 2):  # new inputs in the same memory, then replay
-        new_q, new_k, new_v = cuda_tensors(2, 128, 256, 8, 2, 128, seed=seed)
+    for replay in range(3):
+        new_q, new_k, new_v, new_dout = gradient_inputs(shape, head_dim, dtype, options,
+                                                        case_seed("graph replay", dtype_name, causal, replay))
         with torch.no_grad():
-            q.copy_(new_q), k.copy_(new_k), v.copy_(new_v)
+            for static, new in ((q, new_q), (k, new_k), (v, new_v), (dout, new_dout)):
+                static.copy_(new)
         graph.replay()
-        eager = step()
-        for replayed, expected in zip(captured, eager):
-            torch.testing.assert_close(replayed, expected, rtol=0, atol=0)
+        assert_gradients_match_reference([captured[1:]], q, k, v, dout, dtype_name, options)
+        assert_same_computation(captured, step())
+
+
+def test_deterministic_backward_on_cuda_is_refused_or_bitwise_repeatable():
+    """deterministic=True reaches the library, and exactly two outcomes pass: it refuses with fa4.UnsupportedError
+    whose message names 'deterministic' (and fa4.supports says the same), or it runs, and then 20 forward+backward
+    runs give bitwise identical gradients, within the rule of the oracle. GQA and several key blocks per query
+    row, so that an order-dependent dQ or dK/dV sum would show."""
+    pytest.importorskip("ml_dtypes", reason="the bfloat16 tolerance needs ml_dtypes")
+    require_kernels(torch.bfloat16, backward=True)  # the (non-deterministic) CUDA backward exists
+    options = dict(causal=True)
+    q, k, v, dout = gradient_inputs(dict(batch=2, seqlen_q=600, seqlen_k=640, heads_q=4, heads_kv=1), 128,
+                                    torch.bfloat16, options, case_seed("deterministic"))
+    support = fa4.supports(q, k, v, backward=True, deterministic=True, **options)
+    runs = []
+    try:
+        for _ in range(20):
+            out = fa4.flash_attn_func(q, k, v, deterministic=True, **options)
+            runs.append(torch.autograd.grad(out, (q, k, v), dout))
+    except fa4.UnsupportedError as e:
+        assert not runs, f"refused after {len(runs)} runs that it accepted: {e}"
+        assert "deterministic" in str(e), str(e)
+        assert not support and "deterministic" in support.reason, support
+        return
+    assert support, f"the deterministic backward ran, but fa4.supports said: {support.reason}"
+    assert_gradients_match_reference(runs[:1], q, k, v, dout, "bfloat16", options)
+    for run, grads in enumerate(runs[1:], start=2):
+        for name, first, again in zip(("dq", "dk", "dv"), runs[0], grads):
+            assert torch.equal(first, again), f"{name} of run {run} differs bitwise from run 1"
 
 
 def test_forward_opcheck_on_cuda():

@@ -79,4 +79,12 @@ class Pipeline {
   PipelineBarriers<Stages>& b_;
 };
 
+// A warp releases a stage as one consumer unit: one arrival (lane 0) after __syncwarp, so every lane is done
+// with the stage. Rings whose units are warps count one consumer arrival per consumer warp at init.
+template <int Stages>
+__device__ __forceinline__ void release_per_warp(const Pipeline<Stages>& ring, PipelineState<Stages> st) {
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) ring.consumer_release(st);
+}
+
 }  // namespace fa4::cuda

@@ -54,6 +54,20 @@ __device__ __forceinline__ void tma_store_wait() {
   ::cuda::ptx::cp_async_bulk_wait_group(::cuda::ptx::n32_t<Pending>{});
 }
 
+// Non-tensor bulk copies (cp.async.bulk, 1D): `bytes` contiguous bytes, a multiple of 16, both addresses
+// 16-byte aligned. bulk_load completes as transaction bytes on `bar`, like tma_load.
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* bar) {
+  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_cluster, ::cuda::ptx::space_global, smem_dst, gmem_src, bytes, bar);
+}
+
+// gmem_dst[i] += smem_src[i] for bytes / 4 floats, atomically per element (cp.reduce.async.bulk .add.f32), in
+// the bulk group of this thread (tma_store_commit / tma_store_wait_read retire it like a store). The source must
+// have been made visible to the async proxy first (fence_proxy_async_shared_cta + a barrier).
+__device__ __forceinline__ void bulk_reduce_add(float* gmem_dst, const float* smem_src, uint32_t bytes) {
+  ::cuda::ptx::cp_reduce_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, ::cuda::ptx::op_add,
+                                    gmem_dst, smem_src, bytes);
+}
+
 // Pulls the descriptor into the TMA unit's cache ahead of the first copy (one thread, at kernel start).
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

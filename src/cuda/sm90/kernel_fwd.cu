@@ -124,6 +124,7 @@ cudaError_t launch_head_dim_row(int row, const FwdParams& p, uint32_t grid, cuda
 #define FA4_IF_sm90(...) __VA_ARGS__
 #define FA4_IF_sm100(...)
 #define FA4_IF_fwd(...) __VA_ARGS__
+#define FA4_IF_bwd(...)
 #define FA4_KERNEL(arch, pass, dtype, head_dim)                                      \
   FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
                                   return launch_head_dim_row<DType::dtype, head_dim>(row, p, grid, stream);))

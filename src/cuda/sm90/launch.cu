@@ -12,6 +12,7 @@
 
 #include "cuda/sm90/config.hpp"
 #include "cuda/sm90/kernel_fwd.hpp"
+#include "cuda/sm90/launch_common.hpp"
 #include "cuda/tensormap.hpp"
 
 namespace fa4::sm90 {
@@ -26,14 +27,10 @@ constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
               std::string(call) + ": argument '" + arg + "': expected " + expected + ", got " + got);
 }
 
-// A dimension TMA does not step through: broadcast (stride 0) or of size 1. Mapped with extent 1, coordinate 0.
-bool collapsed(const Tensor& t, int dim) { return t.stride[dim] == 0 || t.shape[dim] == 1; }
+}  // namespace
 
-// Encodes t's map into *map (64-byte aligned: a FwdParams member) and returns the coordinate steps of its heads
-// and batch dims (0 where collapsed).
-struct CoordSteps {
-  int32_t head = 1, batch = 1;
-};
+// A dimension TMA does not step through: broadcast (stride 0) or of size 1. Mapped with extent 1, coordinate 0.
+static bool collapsed(const Tensor& t, int dim) { return t.stride[dim] == 0 || t.shape[dim] == 1; }
 
 CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUtensorMap* map) {
   cuda::TmaTensorSpec spec;
@@ -55,20 +52,27 @@ CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUte
   return {collapsed(t, kHeads) ? 0 : 1, collapsed(t, kBatch) ? 0 : 1};
 }
 
-}  // namespace
-
 bool has_forward_kernel(DType dtype, int64_t head_dim) {
 #define FA4_IF_sm90(...) __VA_ARGS__
 #define FA4_IF_sm100(...)
 #define FA4_IF_fwd(...) __VA_ARGS__
+#define FA4_IF_bwd(...)
 #define FA4_KERNEL(arch, pass, kdtype, kd) FA4_IF_##arch(FA4_IF_##pass(if (dtype == DType::kdtype && head_dim == kd) return true;))
 #include "cuda/instances.def"
   return false;
 }
 
-// Attribute `attr` of CUDA device `index`, queried once per (device, attribute) and cached; nullopt if the query
-// fails (no such device).
-static std::optional<int> device_attribute(int index, cudaDeviceAttr attr) {
+bool has_backward_kernel(DType dtype, int64_t head_dim) {
+#undef FA4_IF_fwd
+#undef FA4_IF_bwd
+#define FA4_IF_fwd(...)
+#define FA4_IF_bwd(...) __VA_ARGS__
+#define FA4_KERNEL(arch, pass, kdtype, kd) FA4_IF_##arch(FA4_IF_##pass(if (dtype == DType::kdtype && head_dim == kd) return true;))
+#include "cuda/instances.def"
+  return false;
+}
+
+std::optional<int> device_attribute(int index, cudaDeviceAttr attr) {
   static std::mutex mu;
   static std::map<std::pair<int, int>, std::optional<int>> cache;
   std::lock_guard<std::mutex> lock(mu);
@@ -119,25 +123,6 @@ void check_tma_layout(const char* call, const char* name, const Tensor& t) {
                                                                        std::to_string(t.shape[2]) + ", ...]");
 }
 
-// Makes `index` the current device for a scope and restores the previous one.
-class DeviceGuard {
- public:
-  DeviceGuard(const char* call, int index) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (const cudaError_t e = cudaSetDevice(index); e != cudaSuccess)
-      throw Error(Status::cuda_error, std::string(call) + ": cudaSetDevice(" + std::to_string(index) + "): " + cudaGetErrorString(e));
-    switched_ = previous_ >= 0 && previous_ != index;
-  }
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-  bool switched_ = false;
-};
 
 namespace {
 thread_local int forced_fwd_row = -1;  // ScopedFwdRow's choice on this thread; -1: none

@@ -3,6 +3,7 @@
 // FA4_CUDA_ARCHS contains 90a (FA4_WITH_SM90).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "api/problem.hpp"
@@ -12,6 +13,9 @@ namespace fa4::sm90 {
 
 // Whether src/cuda/instances.def has an sm90 forward row for (dtype, head_dim).
 bool has_forward_kernel(DType dtype, int64_t head_dim);
+
+// Whether src/cuda/instances.def has an sm90 backward row for (dtype, head_dim).
+bool has_backward_kernel(DType dtype, int64_t head_dim);
 
 // Whether CUDA device `index` is compute capability 9.0 (the sm_90a kernels run nowhere else). Cached.
 bool device_is_sm90(int index);
@@ -40,5 +44,15 @@ class ScopedFwdRow {
 // validated and selected for sm90.
 void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
              const Tensor* lse, Stream stream);
+
+// Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator, LSE·log2e, D).
+size_t backward_workspace_bytes(const detail::Problem& p);
+
+// Launches the backward on `stream`: preprocess (D, LSE·log2e, zeroed dQ accumulator), the K/V-stationary main
+// kernel, postprocess (dQ). Asynchronous; uses `workspace` when given (>= backward_workspace_bytes), else
+// allocates it stream-ordered (cudaMallocAsync / cudaFreeAsync). Validated and selected for sm90.
+void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+              Workspace workspace, Stream stream);
 
 }  // namespace fa4::sm90

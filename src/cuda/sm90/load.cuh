@@ -13,19 +13,9 @@
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/shared_storage.cuh"
+#include "cuda/sm90/tiles.cuh"
 
 namespace fa4::sm90 {
-
-// Issues the head_dim / 64 boxes of one [rows][head_dim] tile, each into its 128-byte-wide smem chunk.
-template <int HeadDim, int Rows>
-__device__ __forceinline__ void load_tile(uint8_t* smem_tile, const CUtensorMap* map, int32_t row, int32_t head,
-                                          int32_t batch, uint64_t* full_barrier) {
-#pragma unroll
-  for (int chunk = 0; chunk < HeadDim / kSw128Columns; ++chunk) {
-    const int32_t coords[4] = {chunk * kSw128Columns, row, head, batch};
-    ptx::tma_load(smem_tile + chunk * Rows * ptx::kSw128RowBytes, map, coords, full_barrier);
-  }
-}
 
 // Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once both
 // consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q

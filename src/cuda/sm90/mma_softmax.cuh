@@ -22,6 +22,7 @@
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/shared_storage.cuh"
+#include "cuda/sm90/tiles.cuh"
 #include "numerics/exp2.hpp"
 #include "numerics/mask.hpp"
 #include "numerics/online_softmax.hpp"
@@ -64,12 +65,6 @@ class TensorCoreTurn {
   int consumer_;
 };
 
-__device__ __forceinline__ float exp2_mufu(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Max over the 4 lanes of a quad (lanes 4q .. 4q+3 hold the columns of the same two rows).
 __device__ __forceinline__ float quad_max(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -78,44 +73,6 @@ __device__ __forceinline__ float quad_max(float v) {
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(0xffffffffu, v, 1);
   return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
-
-// Accumulator register i of a thread: row half (i/2)%2 (row r or r + 8), column 8·(i/4) + 2c + i%2.
-__device__ __forceinline__ constexpr int reg_row_half(int i) { return (i >> 1) & 1; }
-__device__ __forceinline__ constexpr int reg_col_in_pair_block(int i) { return 8 * (i >> 2) + (i & 1); }
-
-// Issues S = Q·Kᵀ over head_dim / 16 k-steps (one commit group); the caller waits. q_rows: this warpgroup's
-// 64 rows inside the Q tile, whose head-dim chunks are q_chunk_bytes apart; K tile [chunks][block_n][128 B].
-template <ptx::WgmmaInput In, int HeadDim, int BlockN>
-__device__ __forceinline__ void issue_qk(ptx::WgmmaAccumulator<BlockN>& s, uint32_t q_rows, uint32_t q_chunk_bytes,
-                                         uint32_t k_tile) {
-  ptx::wgmma_fence_operand(s);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < HeadDim / 16; ++kk) {
-    // k-step kk: chunk kk/4, 32 bytes per k-step of 16 elements inside the 128-byte row.
-    const auto a = ptx::sw128_k_major_desc(q_rows + (kk / 4) * q_chunk_bytes + (kk % 4) * 32u);
-    const auto b = ptx::sw128_k_major_desc(k_tile + (kk / 4) * uint32_t(BlockN) * 128u + (kk % 4) * 32u);
-    ptx::wgmma_ss<In, ptx::Major::k, ptx::Major::k>(s, a, b, /*accumulate=*/kk > 0);
-  }
-  ptx::wgmma_commit_group();
-}
-
-// Issues O += P·V over block_n / 16 k-steps (one commit group); V tile [head_dim/64 chunks][block_n rows][128 B]
-// read MN-major: a k-step of 16 key rows is 2048 bytes, the 64-wide head-dim chunks are block_n·128 bytes apart
-// (LBO). P's registers must stay untouched until the group completes.
-template <ptx::WgmmaInput In, int HeadDim, int BlockN>
-__device__ __forceinline__ void issue_pv(ptx::WgmmaAccumulator<HeadDim>& o, ptx::WgmmaFragmentA (&p)[BlockN / 16],
-                                         uint32_t v_tile) {
-  ptx::wgmma_fence_operand(o);
-#pragma unroll
-  for (int kb = 0; kb < BlockN / 16; ++kb) ptx::wgmma_fence_operand(p[kb]);
-  ptx::wgmma_fence();  // O may have been rescaled and P was just packed by ordinary instructions
-#pragma unroll
-  for (int kb = 0; kb < BlockN / 16; ++kb)
-    ptx::wgmma_rs<In, ptx::Major::mn>(o, p[kb], ptx::sw128_mn_major_desc(v_tile + kb * 2048u, BlockN * 128u),
-                                      /*accumulate=*/true);
-  ptx::wgmma_commit_group();
 }
 
 // The correction decided by one tile's softmax, applied to O once O is no longer in a wgmma's hands.
@@ -224,13 +181,6 @@ struct ConsumerStages {
   cuda::PipelineState<Stages> v = cuda::consumer_start_state<Stages>();
   cuda::PipelineState<1> q = cuda::consumer_start_state<1>();
 };
-
-// One arrival per consumer warp (after __syncwarp: every lane is done with the stage).
-template <int Stages>
-__device__ __forceinline__ void release_per_warp(const cuda::Pipeline<Stages>& ring, cuda::PipelineState<Stages> st) {
-  __syncwarp();
-  if (threadIdx.x % 32 == 0) ring.consumer_release(st);
-}
 
 // The consumer warpgroup `consumer`'s main loop over a work tile's visible K/V tiles `range` (not empty). On
 // return O holds the unnormalised output of this thread's rows and `rows` their (m, thread-local l). Q is

@@ -1,0 +1,131 @@
+// The sm_90a backward tile table and workspace layout, read by the kernels (shared-memory layout, wgmma shapes,
+// trip counts) and by the host (grid, dynamic shared memory, workspace size), so no size is written twice.
+//
+// The main kernel is K/V-stationary: a CTA owns block_n keys of one (batch, kv head) and walks the query tiles
+// of block_m rows that see them, for every query head of the group. Each consumer warpgroup owns 64 of the
+// keys (the wgmma M) and keeps dK and dV of its keys in registers; per query tile it computes
+//   Sᵀ = K·Qᵀ, dPᵀ = V·dOᵀ (SS wgmma, 64 keys × block_m queries), Pᵀ = exp2(Sᵀ·scale·log2e − LSE₂),
+//   dSᵀ = Pᵀ ∘ (dPᵀ − D), dV += Pᵀ·dO and dK += dSᵀ·Q (RS wgmma: P and dS straight from the registers),
+//   and writes dSᵀ to shared memory, from where dQ = dS·K (SS wgmma, A read MN-major) is computed by the
+//   warpgroups together, one 64 × 64·k slab each, and added to the fp32 dQ accumulator by TMA bulk reduce-add.
+//
+// | head_dim | block_m | block_n | stages | smem: K + V + stages·(Q + dO) + 2 dSᵀ + dQ staging      | regs (dK dV Sᵀ dPᵀ) |
+// |    64    |   128   |   128   |   2    | 16 + 16 + 2·(16 + 16) + 2·32 + 2·16 = 192 KiB            | 32 32 64 64          |
+// |   128    |    64   |   128   |   2    | 32 + 32 + 2·(16 + 16) + 2·16 + 2·16 = 192 KiB            | 64 64 32 32          |
+//
+// Head dims 192 and 256 need dK and dV split over the warpgroups by columns (d regs per thread do not fit):
+// not rows of this table yet.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cuda/sm90/config.hpp"
+
+namespace fa4::sm90 {
+
+struct BwdTile {
+  int head_dim;
+  int block_m;  // query rows per step of the walk
+  int block_n;  // keys per CTA = 64 · consumer warpgroups
+  int stages;   // depth of the Q/dO/LSE/D ring
+};
+
+inline constexpr BwdTile kBwdTiles[] = {
+    {64, 128, 128, 2},
+    {128, 64, 128, 2},
+};
+inline constexpr int kBwdRows = int(sizeof(kBwdTiles) / sizeof(kBwdTiles[0]));
+
+constexpr int bwd_row(int head_dim) {
+  for (int r = 0; r < kBwdRows; ++r)
+    if (kBwdTiles[r].head_dim == head_dim) return r;
+  return -1;
+}
+
+// dQ accumulator units: a 64 × 64 fp32 block of dQ stored in the wgmma accumulator order of its warpgroup,
+// [8 column groups][128 threads][4 floats], so the staging writes and the bulk reduce-add are contiguous and
+// bank-conflict free; the postprocess kernel puts the elements back in place (accumulator_row / _col).
+inline constexpr int kDqUnitRows = 64, kDqUnitCols = 64;
+inline constexpr int kDqUnitFloats = kDqUnitRows * kDqUnitCols;
+
+// The workspace of one backward call, in bytes from its (256-byte aligned) base. Per (batch, query head) the
+// query rows are padded to whole block_m tiles (rows_padded):
+//   dq_accum  fp32 [batch·heads][rows_padded/64][head_dim/64] units (zeroed by the preprocess kernel)
+//   lse_log2  fp32 [batch·heads][rows_padded]  LSE·log2(e); +inf for padding and fully masked rows (P = 0)
+//   dsum      fp32 [batch·heads][rows_padded]  D = rowsum(dO ∘ O); 0 for padding
+struct BwdWorkspaceLayout {
+  int64_t rows_padded = 0;
+  size_t dq_accum = 0, lse_log2 = 0, dsum = 0, bytes = 0;
+};
+
+constexpr size_t align_up_256(size_t x) { return (x + 255) / 256 * 256; }
+
+constexpr BwdWorkspaceLayout bwd_workspace_layout(int row, int64_t batch, int64_t heads_q, int64_t seqlen_q) {
+  BwdWorkspaceLayout w;
+  if (row < 0) return w;
+  const BwdTile t = kBwdTiles[row];
+  w.rows_padded = (seqlen_q + t.block_m - 1) / t.block_m * t.block_m;
+  const size_t pairs = size_t(batch) * size_t(heads_q), rows = size_t(w.rows_padded);
+  w.dq_accum = 0;
+  w.lse_log2 = align_up_256(pairs * rows * size_t(t.head_dim) * 4);
+  w.dsum = align_up_256(w.lse_log2 + pairs * rows * 4);
+  w.bytes = align_up_256(w.dsum + pairs * rows * 4);
+  return w;
+}
+
+// Named barriers of the main kernel (0 is __syncthreads).
+inline constexpr int kBwdMaxConsumerWarpgroups = 2;
+enum class BwdBarrier : uint32_t {
+  ds_ready = 1,           // every consumer warpgroup has written its dSᵀ rows (before dQ = dS·K)
+  first_dq_staging = 2,   // consumer c's dQ staging buffer: first_dq_staging + c (its 128 threads)
+  end = first_dq_staging + kBwdMaxConsumerWarpgroups,
+};
+static_assert(static_cast<uint32_t>(BwdBarrier::end) <= 16, "a CTA has 16 named barriers");
+
+template <int Row>
+struct BwdConfig {
+  static_assert(Row >= 0 && Row < kBwdRows, "no such row in kBwdTiles");
+  static constexpr BwdTile kTile = kBwdTiles[Row];
+  static constexpr int kHeadDim = kTile.head_dim;
+  static constexpr int kBlockM = kTile.block_m;
+  static constexpr int kBlockN = kTile.block_n;
+  static constexpr int kStages = kTile.stages;
+  static constexpr int kConsumerWarpgroups = kBlockN / kWgmmaM;
+  static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;
+  static constexpr int kQueryChunks = kBlockM / kSw128Columns;  // 64-query chunks of the dSᵀ tile
+
+  // dQ = dS·K: (block_m/64)·(head_dim/64) units of 64 × 64, split evenly over the warpgroups, each taking
+  // consecutive units of one 64-row chunk (one wgmma of N = 64·units).
+  static constexpr int kDqUnits = (kBlockM / kDqUnitRows) * (kHeadDim / kDqUnitCols);
+  static constexpr int kDqUnitsPerWarpgroup = kDqUnits / kConsumerWarpgroups;
+  static constexpr int kDqN = kDqUnitsPerWarpgroup * kDqUnitCols;
+
+  static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;   // Q or dO
+  static constexpr uint32_t kKvTileBytes = uint32_t(kBlockN) * kHeadDim * kElementBytes;  // K or V
+  static constexpr uint32_t kDsTileBytes = uint32_t(kBlockN) * kBlockM * kElementBytes;
+  static constexpr uint32_t kRowVectorBytes = uint32_t(kBlockM) * 4;                       // LSE₂ or D
+  static constexpr uint32_t kQStageBytes = 2 * kQTileBytes + 2 * kRowVectorBytes;         // what one stage receives
+  static constexpr uint32_t kDqStagingBytes = uint32_t(kDqUnitsPerWarpgroup) * kDqUnitFloats * 4;
+
+  static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kBwdMaxConsumerWarpgroups,
+                "named barrier ids exist for up to two consumer warpgroups");
+  static_assert(kBlockN % kWgmmaM == 0, "every consumer warpgroup owns 64 keys");
+  static_assert(kBlockM % kSw128Columns == 0, "dSᵀ rows are whole 128-byte swizzle rows of 64 queries");
+  static_assert(kHeadDim % kSw128Columns == 0, "the head dim is whole 128-byte swizzle rows (64 elements)");
+  static_assert(kDqUnits % kConsumerWarpgroups == 0, "the dQ units split evenly over the warpgroups");
+  static_assert((kHeadDim / kDqUnitCols) % kDqUnitsPerWarpgroup == 0,
+                "a warpgroup's dQ units lie in one 64-row chunk (one wgmma)");
+  static_assert(kBlockM <= 256 && kBlockN <= 256, "TMA boxes have at most 256 rows; wgmma N at most 256");
+  static_assert(kStages >= 2, "the ring needs two stages so loads overlap compute");
+  static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
+                "setmaxnreg budgets exceed the register file");
+  // Live accumulators of a consumer thread: dK, dV (head_dim/2 each), Sᵀ and dPᵀ (block_m/2 each).
+  static constexpr int kAccumulatorRegisters = kHeadDim + kBlockM;
+  static_assert(kAccumulatorRegisters <= kConsumerRegisters - 40, "accumulators would leave too few registers");
+};
+
+}  // namespace fa4::sm90

@@ -1,0 +1,59 @@
+// dQ accumulation of a consumer warpgroup: its fp32 slab of a tile's dQ goes to its staging buffer in the
+// accumulator order (float4 per register group and thread: contiguous, conflict-free) and one thread adds it to
+// the workspace's dQ accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32), which completes in
+// the background. The staging buffer is rewritten only after the previous reduce has read it.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/named_barrier.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/bwd/params.hpp"
+#include "cuda/sm90/bwd/shared_storage.cuh"
+
+namespace fa4::sm90 {
+
+template <int Row>
+class DqReducer {
+ public:
+  using Config = BwdConfig<Row>;
+  __device__ DqReducer(BwdSharedStorage<Row>& smem, int consumer)
+      : staging_(smem.dq_staging[consumer]),
+        barrier_(static_cast<uint32_t>(BwdBarrier::first_dq_staging) + uint32_t(consumer)),
+        first_unit_(consumer * Config::kDqUnitsPerWarpgroup) {}
+
+  // Adds this warpgroup's slab of query tile m_block of (batch, head) pair `pair` to the accumulator.
+  __device__ void add(const BwdParams& p, const ptx::WgmmaAccumulator<Config::kDqN>& dq, int64_t pair,
+                      int32_t m_block) {
+    const int thread = threadIdx.x % kWarpgroupThreads;
+    if (thread == 0) ptx::tma_store_wait_read<0>();  // the previous reduce has read the staging buffer
+    ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
+#pragma unroll
+    for (int g = 0; g < Config::kDqN / 8; ++g)
+      *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
+          make_float4(dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
+    ptx::fence_proxy_async_shared_cta();
+    ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
+    if (thread == 0) {
+      const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit_ / Config::kHeadDimChunks;
+      const int64_t unit = (pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks +
+                           first_unit_ % Config::kHeadDimChunks;
+      ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
+      ptx::tma_store_commit();
+    }
+  }
+
+  // Before the CTA exits: the last reduce has read shared memory and its adds have been performed.
+  __device__ void finish() const {
+    if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();
+  }
+
+ private:
+  float* staging_;
+  uint32_t barrier_;
+  int first_unit_;
+};
+
+}  // namespace fa4::sm90

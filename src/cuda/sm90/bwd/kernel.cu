@@ -1,0 +1,90 @@
+// The sm_90a backward main kernel: sets up the barriers, then hands each warpgroup to its role. No math here;
+// the roles live in load.cuh (TMA producer), mma.cuh (the five GEMMs, P and dS; dQ through dq_reduce.cuh) and
+// epilogue.cuh (dK, dV). Instantiated for the sm90 bwd rows of src/cuda/instances.def.
+#include <cuda_runtime.h>
+
+#include "cuda/ptx/setmaxnreg.cuh"
+#include "cuda/sm90/bwd/epilogue.cuh"
+#include "cuda/sm90/bwd/kernel.hpp"
+#include "cuda/sm90/bwd/load.cuh"
+#include "cuda/sm90/bwd/mma.cuh"
+#include "cuda/sm90/bwd/shared_storage.cuh"
+#include "cuda/sm90/bwd/work.cuh"
+
+namespace fa4::sm90 {
+namespace {
+
+// Warpgroup 0 produces (its warp 0 issues every load; it gives registers back and its other warps exit),
+// warpgroups 1 .. block_n/64 each own 64 keys.
+enum class BwdRole { load, mma_epilogue };
+__device__ __forceinline__ BwdRole bwd_role_of(int warpgroup) {
+  return warpgroup == 0 ? BwdRole::load : BwdRole::mma_epilogue;
+}
+
+template <ptx::WgmmaInput In, int Row>
+__global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
+  using Config = BwdConfig<Row>;
+  BwdSharedStorage<Row>& smem = bwd_shared_storage<Row>();
+  if (threadIdx.x == 0) {
+    // K/V and each Q stage fill by TMA bytes after the producer's single arrival; a Q stage is free once every
+    // consumer warp has released it (after the wgmma wait that ends its last read).
+    cuda::Pipeline<1>::init(smem.kv_ring, 1, 1);
+    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, 4 * Config::kConsumerWarpgroups);
+  }
+  __syncthreads();
+  const BwdWork work = bwd_work<Config::kBlockM, Config::kBlockN>(p);
+
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (bwd_role_of(warpgroup) == BwdRole::load) {
+    ptx::setmaxnreg_dec<Config::kProducerRegisters>();
+    if (threadIdx.x / 32 == 0) bwd_load_role<Row>(p, smem, work);
+    return;
+  }
+  ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
+  const int consumer = warpgroup - 1;
+  ptx::WgmmaAccumulator<Config::kHeadDim> dk, dv;
+#pragma unroll
+  for (int i = 0; i < Config::kHeadDim / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
+  if (!work.empty()) bwd_mma_role<In, Row>(p, smem, work, consumer, dk, dv);
+  bwd_epilogue_role<In, Config::kHeadDim, Config::kBlockN>(p, work, consumer, dk, dv);
+}
+
+template <DType Dtype>
+constexpr ptx::WgmmaInput bwd_wgmma_input() {
+  static_assert(Dtype == DType::bf16 || Dtype == DType::f16, "the sm90 kernels take bf16 or fp16");
+  return Dtype == DType::bf16 ? ptx::WgmmaInput::bf16 : ptx::WgmmaInput::f16;
+}
+
+template <DType Dtype, int HeadDim>
+cudaError_t launch_instance(const BwdParams& p, uint32_t grid, cudaStream_t stream) {
+  constexpr int kRow = bwd_row(HeadDim);
+  static_assert(kRow >= 0, "a bwd head dim of instances.def has no row in kBwdTiles (bwd/config.hpp)");
+  auto* kernel = bwd_kernel<bwd_wgmma_input<Dtype>(), kRow>;
+  constexpr uint32_t smem = bwd_smem_bytes<kRow>();
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      e != cudaSuccess)
+    return e;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(BwdConfig<kRow>::kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
+}  // namespace
+
+#define FA4_IF_sm90(...) __VA_ARGS__
+#define FA4_IF_sm100(...)
+#define FA4_IF_fwd(...)
+#define FA4_IF_bwd(...) __VA_ARGS__
+#define FA4_KERNEL(arch, pass, dtype, head_dim)                                      \
+  FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
+                                  return launch_instance<DType::dtype, head_dim>(p, grid, stream);))
+
+cudaError_t launch_bwd_kernel(DType p_dtype, int p_head_dim, const BwdParams& p, uint32_t grid, cudaStream_t stream) {
+#include "cuda/instances.def"
+  return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch
+}
+
+}  // namespace fa4::sm90

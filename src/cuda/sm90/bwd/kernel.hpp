@@ -1,0 +1,22 @@
+// Host view of the compiled sm_90a backward kernels (kernel.cu, pre_post.cu): one launch function each.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/sm90/bwd/params.hpp"
+#include "fa4/fa4.hpp"
+
+namespace fa4::sm90 {
+
+// The main kernel of the instances.def bwd row (dtype, head_dim): grid = n_blocks · heads_kv · batch CTAs.
+cudaError_t launch_bwd_kernel(DType dtype, int head_dim, const BwdParams& p, uint32_t grid, cudaStream_t stream);
+
+// D, LSE₂ and the zeroed dQ accumulator for every padded row of every (batch, head) pair.
+cudaError_t launch_bwd_preprocess(DType dtype, const BwdPrePostParams& p, int64_t batch, cudaStream_t stream);
+
+// dQ = accumulator · scale in q's dtype and dq's strides.
+cudaError_t launch_bwd_postprocess(DType dtype, const BwdPrePostParams& p, int64_t batch, cudaStream_t stream);
+
+}  // namespace fa4::sm90

@@ -1,0 +1,139 @@
+// Host side of the sm_90a backward: workspace, tensor maps and parameters, then three launches on the caller's
+// stream (preprocess, main kernel, postprocess). Nothing is allocated unless the caller gave no workspace.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/sm90/bwd/config.hpp"
+#include "cuda/sm90/bwd/kernel.hpp"
+#include "cuda/sm90/launch.hpp"
+#include "cuda/sm90/launch_common.hpp"
+
+namespace fa4::sm90 {
+namespace {
+
+constexpr int kSeq = 1, kHeads = 2, kBatch = 0;  // Tensor dims: [batch, seqlen, heads, head_dim]
+
+StridedRows strided_rows(const Tensor& t) {
+  StridedRows r;
+  r.data = t.data;
+  r.stride_b = t.stride[kBatch];
+  r.stride_s = t.stride[kSeq];
+  r.stride_h = t.stride[kHeads];
+  r.pairs_aligned = reinterpret_cast<uintptr_t>(t.data) % 4 == 0 && r.stride_b % 2 == 0 && r.stride_s % 2 == 0 &&
+                    r.stride_h % 2 == 0;
+  return r;
+}
+
+BwdWorkspaceLayout layout_of(const detail::Problem& p) {
+  return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q);
+}
+
+}  // namespace
+
+size_t backward_workspace_bytes(const detail::Problem& p) { return layout_of(p).bytes; }
+
+void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+              Workspace workspace, Stream stream) {
+  const char* call = "fa4::backward";
+  const int row = bwd_row(int(p.head_dim));
+  if (row < 0)
+    throw Error(Status::internal, std::string(call) + ": no backward tile row for head dim " + std::to_string(p.head_dim));
+  const BwdTile& tile = kBwdTiles[row];
+  if (p.batch == 0 || p.heads_q == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;  // no gradient element
+  const BwdWorkspaceLayout layout = layout_of(p);
+  const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
+  constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
+  if (n_blocks * p.heads_kv * p.batch > kMaxIndex || p.batch * p.heads_q * (layout.rows_padded / kDqUnitRows) > kMaxIndex ||
+      layout.rows_padded > kMaxIndex)
+    throw Error(Status::unsupported, std::string(call) + ": argument 'q': expected fewer than 2^31 key blocks and "
+                                                         "query row chunks (batch·heads·blocks), got shape [" +
+                                         std::to_string(p.batch) + ", " + std::to_string(p.seqlen_q) + ", " +
+                                         std::to_string(p.heads_q) + ", ...]");
+
+  const DeviceGuard device(call, q.device_index);
+  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
+  auto check = [&](cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+      throw Error(Status::cuda_error, std::string(call) + ": " + what + ": " + cudaGetErrorName(e) + " (" +
+                                          cudaGetErrorString(e) + ")");
+  };
+
+  // The workspace: the caller's, or stream-ordered memory freed on every path (CUDA-graph capture records the
+  // allocation and the free as graph nodes).
+  struct StreamOrderedBuffer {
+    void* ptr = nullptr;
+    cudaStream_t stream = nullptr;
+    ~StreamOrderedBuffer() {
+      if (ptr != nullptr) cudaFreeAsync(ptr, stream);
+    }
+  } owned{nullptr, cu_stream};
+  uint8_t* base = static_cast<uint8_t*>(workspace.data);
+  if (base == nullptr) {
+    check(cudaMallocAsync(&owned.ptr, layout.bytes, cu_stream), "cudaMallocAsync of the backward workspace");
+    base = static_cast<uint8_t*>(owned.ptr);
+  }
+  if (reinterpret_cast<uintptr_t>(base) % 256 != 0)
+    throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected a 256-byte aligned "
+                                                              "pointer, got address " +
+                                              std::to_string(reinterpret_cast<uintptr_t>(base)));
+  BwdWorkspace ws;
+  ws.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum);
+  ws.lse_log2 = reinterpret_cast<float*>(base + layout.lse_log2);
+  ws.dsum = reinterpret_cast<float*>(base + layout.dsum);
+  ws.rows_padded = int32_t(layout.rows_padded);
+
+  BwdPrePostParams pp;
+  pp.out = strided_rows(out);
+  pp.dout = strided_rows(dout);
+  pp.dq = strided_rows(dq);
+  pp.lse = static_cast<const float*>(lse.data);
+  pp.lse_stride_b = lse.stride[0];
+  pp.lse_stride_h = lse.stride[1];
+  pp.lse_stride_s = lse.stride[2];
+  pp.ws = ws;
+  pp.seqlen_q = int32_t(p.seqlen_q);
+  pp.heads_q = int32_t(p.heads_q);
+  pp.head_dim = int32_t(p.head_dim);
+  pp.scale = p.scale;
+  if (p.seqlen_q > 0) check(launch_bwd_preprocess(p.dtype, pp, p.batch, cu_stream), "backward preprocess launch");
+
+  if (p.seqlen_k > 0) {
+    BwdParams params;
+    if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
+      const CoordSteps qs = map_tensor(q, p.head_dim, uint32_t(tile.block_m), &params.q_map);
+      const CoordSteps ds = map_tensor(dout, p.head_dim, uint32_t(tile.block_m), &params.dout_map);
+      params.q_head_step = qs.head, params.q_batch_step = qs.batch;
+      params.dout_head_step = ds.head, params.dout_batch_step = ds.batch;
+    }
+    const CoordSteps ks = map_tensor(k, p.head_dim, uint32_t(tile.block_n), &params.k_map);
+    const CoordSteps vs = map_tensor(v, p.head_dim, uint32_t(tile.block_n), &params.v_map);
+    params.k_head_step = ks.head, params.k_batch_step = ks.batch;
+    params.v_head_step = vs.head, params.v_batch_step = vs.batch;
+    params.ws = ws;
+    params.dk = strided_rows(dk);
+    params.dv = strided_rows(dv);
+    params.seqlen_q = int32_t(p.seqlen_q);
+    params.seqlen_k = int32_t(p.seqlen_k);
+    params.heads_q = int32_t(p.heads_q);
+    params.heads_kv = int32_t(p.heads_kv);
+    params.batch = int32_t(p.batch);
+    params.group = int32_t(p.group());
+    params.n_blocks = int32_t(n_blocks);
+    params.mask = p.mask;
+    params.score = num::ScoreTransform::make(p.scale, p.softcap);
+    params.scale = p.scale;
+    check(launch_bwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(n_blocks * p.heads_kv * p.batch), cu_stream),
+          "sm_90a backward launch failed");
+  }
+  if (p.seqlen_q > 0) check(launch_bwd_postprocess(p.dtype, pp, p.batch, cu_stream), "backward postprocess launch");
+  if (owned.ptr != nullptr) {
+    const cudaError_t e = cudaFreeAsync(owned.ptr, cu_stream);
+    owned.ptr = nullptr;
+    check(e, "cudaFreeAsync of the backward workspace");
+  }
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,56 @@
+// Backward load role: one producer warp; one elected lane loads the CTA's K and V tiles once, then for every
+// query head of the group and every query tile that sees the key block: Q and dO by TMA, LSE₂ and D (fp32 rows
+// of the workspace) by bulk copy, all four into one stage of the Q ring, armed with the stage's byte count.
+// Tiles past seqlen_q/seqlen_k are zero-filled by TMA (the bytes still count); LSE₂ and D are padded in the
+// workspace, so their copies never leave it.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/pipeline/pipeline.cuh"
+#include "cuda/ptx/elect.cuh"
+#include "cuda/ptx/tma.cuh"
+#include "cuda/sm90/bwd/shared_storage.cuh"
+#include "cuda/sm90/bwd/work.cuh"
+#include "cuda/sm90/tiles.cuh"
+
+namespace fa4::sm90 {
+
+template <int Row>
+__device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const BwdWork& work) {
+  using Config = BwdConfig<Row>;
+  constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
+  if (!ptx::elect_one_sync()) return;
+  if (work.empty()) return;  // the consumers store zeros without waiting for anything
+  ptx::prefetch_tensormap(&p.q_map);
+  ptx::prefetch_tensormap(&p.dout_map);
+
+  const cuda::Pipeline<1> kv_ring(smem.kv_ring);
+  const auto kv_stage = cuda::producer_start_state<1>();
+  kv_ring.producer_acquire(kv_stage);
+  kv_ring.producer_expect_tx(kv_stage, 2 * Config::kKvTileBytes);
+  load_tile<HeadDim, BlockN>(smem.k, &p.k_map, work.n_block * BlockN, work.kv_head * p.k_head_step,
+                             work.batch * p.k_batch_step, kv_ring.full_barrier(kv_stage));
+  load_tile<HeadDim, BlockN>(smem.v, &p.v_map, work.n_block * BlockN, work.kv_head * p.v_head_step,
+                             work.batch * p.v_batch_step, kv_ring.full_barrier(kv_stage));
+
+  const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
+  auto stage = cuda::producer_start_state<Config::kStages>();
+  for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
+    const int64_t pair = int64_t(work.batch) * p.heads_q + h;
+    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block, ++stage) {
+      q_ring.producer_acquire(stage);
+      q_ring.producer_expect_tx(stage, Config::kQStageBytes);
+      uint64_t* full = q_ring.full_barrier(stage);
+      load_tile<HeadDim, BlockM>(smem.q[stage.index], &p.q_map, m_block * BlockM, h * p.q_head_step,
+                                 work.batch * p.q_batch_step, full);
+      load_tile<HeadDim, BlockM>(smem.dout[stage.index], &p.dout_map, m_block * BlockM, h * p.dout_head_step,
+                                 work.batch * p.dout_batch_step, full);
+      const int64_t row = pair * p.ws.rows_padded + int64_t(m_block) * BlockM;
+      ptx::bulk_load(smem.lse_log2[stage.index], p.ws.lse_log2 + row, Config::kRowVectorBytes, full);
+      ptx::bulk_load(smem.dsum[stage.index], p.ws.dsum + row, Config::kRowVectorBytes, full);
+    }
+  }
+}
+
+}  // namespace fa4::sm90

@@ -1,0 +1,185 @@
+// Backward MMA role of a consumer warpgroup (block_n / 64 per CTA, 64 keys each). Per query tile of the walk:
+//   issues Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ (SS wgmma, two commit groups; 64 keys × block_m queries each),
+//   Pᵀ = exp2(Sᵀ·scale·log2e − LSE₂) once Sᵀ lands (masked elements 0; LSE₂ = +inf gives 0 for padding and
+//     fully masked rows), with softcap x = cap·tanh(s·scale/cap) and its derivative 1 − tanh² kept for dS,
+//   dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ lands (the softmax scale is applied once, to dK here and to dQ later),
+//   issues dV += Pᵀ·dO and dK += dSᵀ·Q (RS wgmma, P and dS packed to 16 bits straight from the registers),
+//   writes dSᵀ to shared memory, and once every warpgroup has (ds_ready) issues its slab of dQ = dS·K,
+//   then releases the stage and hands its dQ slab to the bulk reduce-add (dq_reduce.cuh).
+// dK and dV of the warpgroup's keys stay in registers over every query head of the group and every tile.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/pipeline/pipeline.cuh"
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/named_barrier.cuh"
+#include "cuda/ptx/swizzle.hpp"
+#include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/bwd/dq_reduce.cuh"
+#include "cuda/sm90/bwd/shared_storage.cuh"
+#include "cuda/sm90/bwd/work.cuh"
+#include "cuda/sm90/tiles.cuh"
+
+namespace fa4::sm90 {
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Issues this warpgroup's slab of dQ = dS·K over block_n / 16 k-steps (one commit group). Both operands are
+// read MN-major: dSᵀ [query chunk][keys][128 B] gives A = dS with the queries contiguous; K [d chunk][keys][128 B]
+// gives B with the head dim contiguous. The slab is units u0 .. u0 + units - 1 of the tile's (block_m/64) ×
+// (head_dim/64) units: query chunk u0 / (head_dim/64), head-dim chunks from u0 % (head_dim/64).
+template <ptx::WgmmaInput In, int Row>
+__device__ __forceinline__ void issue_dq(ptx::WgmmaAccumulator<BwdConfig<Row>::kDqN>& dq, uint32_t ds_tile,
+                                         uint32_t k_tile, int consumer) {
+  using Config = BwdConfig<Row>;
+  constexpr uint32_t kChunkBytes = uint32_t(Config::kBlockN) * ptx::kSw128RowBytes;
+  const int u0 = consumer * Config::kDqUnitsPerWarpgroup;
+  const uint32_t a_base = ds_tile + uint32_t(u0 / Config::kHeadDimChunks) * kChunkBytes;
+  const uint32_t b_base = k_tile + uint32_t(u0 % Config::kHeadDimChunks) * kChunkBytes;
+  ptx::wgmma_fence_operand(dq);
+  ptx::wgmma_fence();  // dSᵀ was written by ordinary stores (and fenced to the async proxy)
+#pragma unroll
+  for (int kb = 0; kb < Config::kBlockN / 16; ++kb)
+    ptx::wgmma_ss<In, ptx::Major::mn, ptx::Major::mn>(dq, ptx::sw128_mn_major_desc(a_base + kb * 2048u, kChunkBytes),
+                                                      ptx::sw128_mn_major_desc(b_base + kb * 2048u, kChunkBytes),
+                                                      /*accumulate=*/kb > 0);
+  ptx::wgmma_commit_group();
+}
+
+// Pᵀ and dSᵀ of one tile in place (s: Sᵀ -> Pᵀ, dp: dPᵀ -> dSᵀ), for this thread's key rows key[2] and the
+// tile's queries from query0 (col_base: this thread's column-pair offset). lse/dsum: the stage's LSE₂ and D.
+// Waits for the Sᵀ group, then for the dPᵀ group.
+template <int BlockM>
+__device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, ptx::WgmmaAccumulator<BlockM>& s,
+                                                  ptx::WgmmaAccumulator<BlockM>& dp, const float* lse,
+                                                  const float* dsum, const int64_t (&key)[2], int64_t query0,
+                                                  int col_base, bool masked) {
+  auto visible = [&](int i) {
+    return !masked || p.mask.visible(query0 + col_base + reg_col_in_pair_block(i), key[reg_row_half(i)]);
+  };
+  ptx::wgmma_wait_group<1>();  // Sᵀ landed; dPᵀ may still run
+  ptx::wgmma_fence_operand(s);
+  if (!p.score.softcap) {
+    const float c = p.score.scale_log2;
+#pragma unroll
+    for (int g = 0; g < BlockM / 8; ++g) {
+      const float2 l = *reinterpret_cast<const float2*>(lse + 8 * g + col_base);
+#pragma unroll
+      for (int i = 4 * g; i < 4 * g + 4; ++i) s.reg[i] = visible(i) ? exp2_mufu(fmaf(s.reg[i], c, -((i & 1) ? l.y : l.x))) : 0.0f;
+    }
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(dp);
+#pragma unroll
+    for (int g = 0; g < BlockM / 8; ++g) {
+      const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * g + col_base);
+#pragma unroll
+      for (int i = 4 * g; i < 4 * g + 4; ++i) dp.reg[i] = s.reg[i] * (dp.reg[i] - ((i & 1) ? d.y : d.x));
+    }
+    return;
+  }
+  // Softcap: x = cap·tanh(s·scale/cap) in log2 units (cap_post = cap·log2e); dx/ds ∝ 1 − tanh².
+#pragma unroll
+  for (int i = 0; i < BlockM / 2; ++i) s.reg[i] = tanhf(s.reg[i] * p.score.cap_pre);
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operand(dp);
+#pragma unroll
+  for (int g = 0; g < BlockM / 8; ++g) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * g + col_base);
+    const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * g + col_base);
+#pragma unroll
+    for (int i = 4 * g; i < 4 * g + 4; ++i) {
+      const float t = s.reg[i];
+      const float prob = visible(i) ? exp2_mufu(fmaf(p.score.cap_post, t, -((i & 1) ? l.y : l.x))) : 0.0f;
+      dp.reg[i] = prob * (dp.reg[i] - ((i & 1) ? d.y : d.x)) * (1.0f - t * t);
+      s.reg[i] = prob;
+    }
+  }
+}
+
+// Writes this warpgroup's 64 rows of dSᵀ (16-bit, as the dS fragments round it) into the dSᵀ tile: keys are
+// rows, queries the 128-byte swizzled columns. A warp's 32-bit stores hit 32 distinct banks (8 rows × 4
+// pairs, the swizzle spreads the rows over the 16-byte chunks).
+template <ptx::WgmmaInput In, int BlockM, int BlockN>
+__device__ __forceinline__ void store_ds_tile(uint8_t* ds_tile, const ptx::WgmmaAccumulator<BlockM>& ds, int consumer) {
+  const int thread = threadIdx.x % kWarpgroupThreads;
+#pragma unroll
+  for (int i = 0; i < BlockM / 2; i += 2) {
+    const uint32_t row = uint32_t(consumer * kWgmmaM + ptx::accumulator_row(thread, i));
+    const uint32_t col = uint32_t(ptx::accumulator_col(thread, i));
+    *reinterpret_cast<uint32_t*>(ds_tile + (col / 64) * uint32_t(BlockN) * ptx::kSw128RowBytes +
+                                 ptx::sw128_offset(row, col % 64, 2)) = ptx::pack_rn<In>(ds.reg[i], ds.reg[i + 1]);
+  }
+}
+
+// The warpgroup's walk over the CTA's query tiles; on return dK (unscaled) and dV hold its keys' gradients.
+template <ptx::WgmmaInput In, int Row>
+__device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const BwdWork& work,
+                                             int consumer, ptx::WgmmaAccumulator<BwdConfig<Row>::kHeadDim>& dk,
+                                             ptx::WgmmaAccumulator<BwdConfig<Row>::kHeadDim>& dv) {
+  using Config = BwdConfig<Row>;
+  constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
+  constexpr int kKSteps = BlockM / 16;
+  constexpr uint32_t kKvChunkBytes = uint32_t(BlockN) * ptx::kSw128RowBytes;
+  using Scores = ptx::WgmmaAccumulator<BlockM>;  // Sᵀ, dPᵀ: 64 keys × block_m queries
+
+  const int thread = threadIdx.x % kWarpgroupThreads;
+  const int64_t key0 = int64_t(work.n_block) * BlockN + consumer * kWgmmaM + ptx::accumulator_row(thread, 0);
+  const int64_t key[2] = {key0, key0 + 8};
+  const int col_base = 2 * (thread % 4);
+  const uint32_t k_rows = smem_address(smem.k) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
+  const uint32_t v_rows = smem_address(smem.v) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
+
+  const cuda::Pipeline<1> kv_ring(smem.kv_ring);
+  kv_ring.consumer_wait(cuda::consumer_start_state<1>());
+  const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
+  auto stage = cuda::consumer_start_state<Config::kStages>();
+  DqReducer<Row> dq_reducer(smem, consumer);
+  int ds_buffer = 0;
+  for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
+    const int64_t pair = int64_t(work.batch) * p.heads_q + h;
+    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+      q_ring.consumer_wait(stage);
+      const uint32_t q_tile = smem_address(smem.q[stage.index]), dout_tile = smem_address(smem.dout[stage.index]);
+      Scores s, dp;
+      issue_qk<In, HeadDim, BlockM>(s, k_rows, kKvChunkBytes, q_tile);
+      issue_qk<In, HeadDim, BlockM>(dp, v_rows, kKvChunkBytes, dout_tile);
+      const bool masked = !bwd_tile_fully_visible<BlockM, BlockN>(p, m_block, work.n_block);
+      softmax_grad_tile<BlockM>(p, s, dp, smem.lse_log2[stage.index], smem.dsum[stage.index], key,
+                                int64_t(m_block) * BlockM, col_base, masked);
+
+      ptx::WgmmaFragmentA p_frag[kKSteps], ds_frag[kKSteps];
+#pragma unroll
+      for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
+      issue_pv<In, HeadDim, BlockM>(dv, p_frag, dout_tile);  // dV += Pᵀ·dO
+      uint8_t* ds_tile = smem.ds[ds_buffer];
+      store_ds_tile<In, BlockM, BlockN>(ds_tile, dp, consumer);
+#pragma unroll
+      for (int kb = 0; kb < kKSteps; ++kb) ds_frag[kb] = ptx::fragment_a_from_accumulator<In>(dp, kb);
+      issue_pv<In, HeadDim, BlockM>(dk, ds_frag, q_tile);  // dK += dSᵀ·Q
+      ptx::fence_proxy_async_shared_cta();  // the dSᵀ stores, before the dQ wgmmas (async proxy) read them
+      ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::ds_ready),
+                              Config::kConsumerWarpgroups * kWarpgroupThreads);
+      ptx::WgmmaAccumulator<Config::kDqN> dq;
+      issue_dq<In, Row>(dq, smem_address(ds_tile), smem_address(smem.k), consumer);
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(dv);
+      ptx::wgmma_fence_operand(dk);
+      ptx::wgmma_fence_operand(dq);
+#pragma unroll
+      for (int kb = 0; kb < kKSteps; ++kb) {
+        ptx::wgmma_fence_operand(p_frag[kb]);
+        ptx::wgmma_fence_operand(ds_frag[kb]);
+      }
+      release_per_warp(q_ring, stage);  // Q, dO, LSE₂, D of this tile are no longer read
+      ++stage;
+      dq_reducer.add(p, dq, pair, m_block);
+      ds_buffer ^= 1;
+    }
+  }
+  dq_reducer.finish();
+}
+
+}  // namespace fa4::sm90

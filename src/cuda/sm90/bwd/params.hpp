@@ -1,0 +1,57 @@
+// What the host hands the sm_90a backward kernels (bwd/launch.cu builds them once per call). The main kernel's
+// parameters travel as a __grid_constant__ (the tensor maps must stay in parameter space for TMA).
+#pragma once
+
+#include <cuda.h>  // CUtensorMap (type only)
+
+#include <cstdint>
+
+#include "numerics/mask.hpp"
+#include "numerics/online_softmax.hpp"
+
+namespace fa4::sm90 {
+
+// A [batch, seqlen, heads, head_dim] tensor addressed element by element (any strides, head_dim contiguous).
+struct StridedRows {
+  void* data = nullptr;
+  int64_t stride_b = 0, stride_s = 0, stride_h = 0;
+  bool pairs_aligned = true;  // base and strides even: a column pair is one aligned 32-bit access
+};
+
+// The workspace, as bwd/config.hpp lays it out.
+struct BwdWorkspace {
+  float* dq_accum = nullptr;  // [batch·heads_q][rows_padded/64][head_dim/64] units of 64 × 64
+  float* lse_log2 = nullptr;  // [batch·heads_q][rows_padded]
+  float* dsum = nullptr;      // [batch·heads_q][rows_padded]
+  int32_t rows_padded = 0;
+};
+
+struct BwdParams {
+  // Rank-4 maps {head_dim, seqlen, heads, batch}; boxes {64, block_m, 1, 1} for Q and dO, {64, block_n, 1, 1}
+  // for K and V; a collapsed (broadcast or size-1) heads/batch dim has extent 1 and a coordinate step of 0.
+  CUtensorMap q_map, dout_map, k_map, v_map;
+  int32_t q_head_step = 1, q_batch_step = 1, dout_head_step = 1, dout_batch_step = 1;
+  int32_t k_head_step = 1, k_batch_step = 1, v_head_step = 1, v_batch_step = 1;
+
+  BwdWorkspace ws;
+  StridedRows dk, dv;  // [batch, seqlen_k, heads_kv, head_dim]
+
+  int32_t seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, batch = 0;
+  int32_t group = 1;     // query heads per kv head
+  int32_t n_blocks = 0;  // key blocks of block_n per (batch, kv head); grid = n_blocks · heads_kv · batch
+  num::Mask mask;
+  num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
+  float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)
+};
+
+// Preprocess and postprocess: plain pointers and strides.
+struct BwdPrePostParams {
+  StridedRows out, dout, dq;  // [batch, seqlen_q, heads_q, head_dim]
+  const float* lse = nullptr;
+  int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
+  BwdWorkspace ws;
+  int32_t seqlen_q = 0, heads_q = 0, head_dim = 0;
+  float scale = 1.0f;
+};
+
+}  // namespace fa4::sm90

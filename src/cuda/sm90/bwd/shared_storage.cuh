@@ -1,0 +1,54 @@
+// The backward main kernel's shared memory: the CTA's K and V tiles (loaded once), the Q/dO/LSE₂/D ring, the
+// two dSᵀ buffers (written by the consumers, read by dQ = dS·K) and each consumer's dQ staging for the bulk
+// reduce-add. Q, dO, K, V are the TMA image [head_dim/64 chunks][rows][128 B], 128B-swizzled; dSᵀ is
+// [block_m/64 query chunks][block_n keys][128 B], the same swizzle, read MN-major as wgmma's A.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "cuda/pipeline/pipeline.cuh"
+#include "cuda/ptx/swizzle.hpp"
+#include "cuda/sm90/bwd/config.hpp"
+
+namespace fa4::sm90 {
+
+template <int Row>
+struct BwdSharedStorage {
+  using Config = BwdConfig<Row>;
+  alignas(ptx::kSw128Alignment) uint8_t k[Config::kKvTileBytes];
+  alignas(ptx::kSw128Alignment) uint8_t v[Config::kKvTileBytes];
+  alignas(ptx::kSw128Alignment) uint8_t q[Config::kStages][Config::kQTileBytes];
+  alignas(ptx::kSw128Alignment) uint8_t dout[Config::kStages][Config::kQTileBytes];
+  // dSᵀ alternates between two buffers: a warpgroup writes tile t + 1's while another may still read tile t's
+  // in its dQ GEMM; the ds_ready barrier of tile t + 1 orders the reuse at t + 2.
+  alignas(ptx::kSw128Alignment) uint8_t ds[2][Config::kDsTileBytes];
+  alignas(16) float dq_staging[Config::kConsumerWarpgroups][Config::kDqStagingBytes / 4];
+  alignas(16) float lse_log2[Config::kStages][Config::kBlockM];
+  alignas(16) float dsum[Config::kStages][Config::kBlockM];
+  cuda::PipelineBarriers<1> kv_ring;                 // load -> mma: K and V landed (used once)
+  cuda::PipelineBarriers<Config::kStages> q_ring;    // load -> mma: Q, dO, LSE₂, D of a query tile landed / free
+};
+
+template <int Row>
+constexpr uint32_t bwd_smem_bytes() {
+  return uint32_t(sizeof(BwdSharedStorage<Row>)) + kSmemAlignSlack;
+}
+
+#if defined(__CUDACC__)
+template <int Row>
+__device__ __forceinline__ BwdSharedStorage<Row>& bwd_shared_storage() {
+  extern __shared__ uint8_t bwd_dynamic_smem[];
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_dynamic_smem));
+  return *reinterpret_cast<BwdSharedStorage<Row>*>(bwd_dynamic_smem + ((1024u - (addr & 1023u)) & 1023u));
+}
+#endif
+
+template <int... Rows>
+constexpr bool every_bwd_row_fits(std::integer_sequence<int, Rows...>) {
+  return ((bwd_smem_bytes<Rows>() <= kSmemPerBlockMax) && ...);
+}
+static_assert(every_bwd_row_fits(std::make_integer_sequence<int, kBwdRows>{}),
+              "a backward tile-table row does not fit the 227 KiB of shared memory");
+
+}  // namespace fa4::sm90

@@ -1,0 +1,308 @@
+// The sm_90a backward through the public API (fa4::backward on cuda tensors, after fa4::forward on the GPU),
+// dQ, dK and dV against the fp64 reference with FlashAttention's tolerance rule (src/testing/tolerance.hpp),
+// over DESIGN.md §4's sweep for every compiled bwd row of src/cuda/instances.def. Inputs are random per case;
+// the gradients and the workspace start NaN-poisoned, so an unwritten element or an unzeroed accumulator
+// fails. Also: layouts through strides, the caller's workspace against the stream-ordered one, and clear
+// refusals of what the backward cannot take.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "api/validate.hpp"
+#include "cpu/reference.hpp"
+#include "fa4/fa4.hpp"
+#include "gpu_test_util.hpp"
+#include "testing/tensors.hpp"
+#include "testing/tolerance.hpp"
+
+namespace {
+
+using fa4::DType;
+using fa4::Options;
+using fa4::testing::Comparison;
+using fa4::testing::Layout;
+
+struct BwdCase {
+  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 64;
+  DType dtype = DType::bf16;
+  Options options;
+  Layout layout = Layout::bshd;
+  bool broadcast_kv = false;    // K/V heads as stride-0 views of one stored head
+  bool caller_workspace = true; // else fa4 allocates it stream-ordered
+  uint64_t seed = 1;
+  std::string name() const {
+    fa4::testing::CaseSpec s;
+    s.batch = batch, s.seqlen_q = seqlen_q, s.seqlen_k = seqlen_k, s.heads_q = heads_q, s.heads_kv = heads_kv;
+    s.head_dim = head_dim, s.dtype = dtype, s.options = options, s.layout = layout, s.broadcast_kv = broadcast_kv;
+    return s.name() + (caller_workspace ? "" : " own-workspace");
+  }
+};
+
+struct BwdResult {
+  Comparison dq, dk, dv;
+  std::vector<double> dq_values, dk_values, dv_values;
+};
+
+// Forward and backward on the device (a non-default stream), then the exact and same-precision references.
+BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true) {
+  BwdResult r;
+  const std::array<int64_t, 4> qshape{c.batch, c.seqlen_q, c.heads_q, c.head_dim};
+  const std::array<int64_t, 4> kshape{c.batch, c.seqlen_k, c.heads_kv, c.head_dim};
+  const std::array<int64_t, 4> kstore{c.batch, c.seqlen_k, c.broadcast_kv ? 1 : c.heads_kv, c.head_dim};
+  auto q = HostTensor::make(c.dtype, qshape, c.layout);
+  auto k = HostTensor::make(c.dtype, kstore, c.layout);
+  auto v = HostTensor::make(c.dtype, kstore, c.layout);
+  auto dout = HostTensor::make(c.dtype, qshape, c.layout);
+  q.fill_normal(c.seed * 7 + 1, c.options.softcap > 0 ? c.options.softcap / 4 : 1.0);
+  k.fill_normal(c.seed * 7 + 2);
+  v.fill_normal(c.seed * 7 + 3);
+  dout.fill_normal(c.seed * 7 + 4);
+  const size_t k_elems = size_t(k.numel());
+  if (c.broadcast_kv)
+    for (auto* t : {&k, &v}) {
+      t->desc().shape = kshape;
+      t->desc().stride[2] = 0;
+    }
+  auto out = HostTensor::make(c.dtype, qshape, c.layout);
+  auto lse = HostTensor::make_lse({c.batch, c.heads_q, c.seqlen_q});
+  auto dq = HostTensor::make(c.dtype, qshape, c.layout), dk = HostTensor::make(c.dtype, kshape, c.layout),
+       dv = HostTensor::make(c.dtype, kshape, c.layout);
+  for (auto* t : {&out, &lse, &dq, &dk, &dv}) t->poison();
+
+  DeviceCopy d_q(q, size_t(q.numel())), d_k(k, k_elems), d_v(v, k_elems), d_dout(dout, size_t(dout.numel())),
+      d_out(out, size_t(out.numel())), d_lse(lse, size_t(lse.numel())), d_dq(dq, size_t(dq.numel())),
+      d_dk(dk, size_t(dk.numel())), d_dv(dv, size_t(dv.numel()));
+  EXPECT_TRUE(d_q.ok() && d_k.ok() && d_v.ok() && d_dout.ok() && d_out.ok() && d_lse.ok() && d_dq.ok() &&
+              d_dk.ok() && d_dv.ok());
+  fa4::Workspace ws;
+  void* ws_ptr = nullptr;
+  if (c.caller_workspace) {
+    ws.bytes = fa4::workspace_size(fa4::Pass::backward, d_q.desc(), d_k.desc(), d_v.desc(), c.options);
+    EXPECT_EQ(cudaMalloc(&ws_ptr, std::max<size_t>(ws.bytes, 16)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ws_ptr, 0xff, std::max<size_t>(ws.bytes, 16)), cudaSuccess);  // NaN everywhere
+    ws.data = ws_ptr;
+  }
+  cudaStream_t stream = nullptr;
+  EXPECT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  const auto s = reinterpret_cast<fa4::Stream>(stream);
+  try {
+    fa4::forward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), &d_lse.desc(), c.options, {}, s);
+    fa4::backward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), d_dout.desc(), d_lse.desc(), d_dq.desc(),
+                  d_dk.desc(), d_dv.desc(), c.options, ws, s);
+  } catch (const fa4::Error& e) {
+    ADD_FAILURE() << c.name() << ": threw: " << e.what();
+  }
+  const cudaError_t e = cudaStreamSynchronize(stream);
+  EXPECT_EQ(e, cudaSuccess) << c.name() << ": " << cudaGetErrorName(e) << " " << cudaGetErrorString(e);
+  cudaStreamDestroy(stream);
+  cudaFree(ws_ptr);
+  d_dq.copy_back(dq);
+  d_dk.copy_back(dk);
+  d_dv.copy_back(dv);
+  r.dq_values = dq.values(), r.dk_values = dk.values(), r.dv_values = dv.values();
+  if (!with_reference) return r;
+
+  const fa4::detail::Problem p = fa4::detail::validate_inputs("test", q.desc(), k.desc(), v.desc(), c.options);
+  auto dq_ref = HostTensor::make(DType::f64, qshape), dk_ref = HostTensor::make(DType::f64, kshape),
+       dv_ref = HostTensor::make(DType::f64, kshape);
+  auto dq_naive = HostTensor::make(DType::f64, qshape), dk_naive = HostTensor::make(DType::f64, kshape),
+       dv_naive = HostTensor::make(DType::f64, kshape);
+  fa4::cpu::reference_backward(p, q.desc(), k.desc(), v.desc(), dout.desc(), dq_ref.desc(), dk_ref.desc(),
+                               dv_ref.desc(), fa4::cpu::Precision::exact);
+  fa4::cpu::reference_backward(p, q.desc(), k.desc(), v.desc(), dout.desc(), dq_naive.desc(), dk_naive.desc(),
+                               dv_naive.desc(), fa4::cpu::Precision::storage);
+  // The rule of run_case (src/testing/tolerance.cpp): rtol 2, 3 with softcap plus FlashAttention's 3e-4.
+  const double rtol = c.options.softcap > 0 ? 3.0 : 2.0, atol = c.options.softcap > 0 ? 3e-4 : 0.0;
+  r.dq = fa4::testing::compare(r.dq_values, dq_ref.values(), dq_naive.values(), c.dtype, rtol, atol);
+  r.dk = fa4::testing::compare(r.dk_values, dk_ref.values(), dk_naive.values(), c.dtype, rtol, atol);
+  r.dv = fa4::testing::compare(r.dv_values, dv_ref.values(), dv_naive.values(), c.dtype, rtol, atol);
+  return r;
+}
+
+void check_backward_case(const BwdCase& c) {
+  const std::string name = c.name();
+  SCOPED_TRACE(name);
+  const BwdResult r = run_backward_on_gpu(c);
+  EXPECT_TRUE(r.dq.pass) << name << ": dq " << r.dq.summary();
+  EXPECT_TRUE(r.dk.pass) << name << ": dk " << r.dk.summary();
+  EXPECT_TRUE(r.dv.pass) << name << ": dv " << r.dv.summary();
+  std::printf("  %-70s dq %.3g/%.3g  dk %.3g/%.3g  dv %.3g/%.3g%s\n", name.c_str(), r.dq.max_error, r.dq.bound,
+              r.dk.max_error, r.dk.bound, r.dv.max_error, r.dv.bound,
+              r.dq.pass && r.dk.pass && r.dv.pass ? "" : "   FAIL");
+}
+
+struct BwdInstance {
+  DType dtype;
+  int head_dim;
+};
+std::vector<BwdInstance> compiled_backward_instances() {
+  std::vector<BwdInstance> rows;
+#define FA4_IF_sm90(...) __VA_ARGS__
+#define FA4_IF_sm100(...)
+#define FA4_IF_fwd(...)
+#define FA4_IF_bwd(...) __VA_ARGS__
+#define FA4_KERNEL(arch, pass, dtype, head_dim) FA4_IF_##arch(FA4_IF_##pass(rows.push_back({DType::dtype, head_dim});))
+#include "cuda/instances.def"
+#undef FA4_IF_sm90
+#undef FA4_IF_sm100
+#undef FA4_IF_fwd
+#undef FA4_IF_bwd
+  return rows;
+}
+
+enum class MaskKind { none, causal, window };
+Options mask_options(MaskKind m) {
+  Options o;
+  if (m == MaskKind::causal) o.causal = true;
+  if (m == MaskKind::window) o.window_left = 37, o.window_right = 11;
+  return o;
+}
+
+// DESIGN.md §4's lengths, more queries than keys (causal masks whole rows: zero, finite gradients), no keys
+// (dQ = 0) and no queries (dK = dV = 0), tails of every size against the 64/128-row tiles.
+struct Shape {
+  int64_t seqlen_q, seqlen_k;
+};
+const Shape kSweep[] = {{1, 1}, {17, 17}, {113, 203}, {239, 1}, {799, 3}, {1023, 1024}, {203, 113}, {64, 0}, {0, 77}, {1, 300}};
+
+TEST(GpuBackwardSm90, SweepEveryInstance) {
+  REQUIRE_SM90();
+  const std::vector<BwdInstance> rows = compiled_backward_instances();
+  ASSERT_FALSE(rows.empty());
+  struct Heads {
+    int64_t q, kv;
+  };
+  const Heads heads[] = {{2, 2}, {6, 2}, {3, 1}};  // MHA, GQA (group 3), MQA
+  uint64_t seed = 1;
+  for (const BwdInstance& row : rows) {
+    std::printf("%s d=%d\n", fa4::to_string(row.dtype), row.head_dim);
+    int n = 0;
+    for (const Shape& s : kSweep)
+      for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
+        BwdCase c;
+        c.dtype = row.dtype;
+        c.head_dim = row.head_dim;
+        c.seqlen_q = s.seqlen_q;
+        c.seqlen_k = s.seqlen_k;
+        c.batch = s.seqlen_q * s.seqlen_k > 100000 ? 1 : 2;
+        c.heads_q = heads[n % 3].q;
+        c.heads_kv = heads[n % 3].kv;
+        c.options = mask_options(m);
+        if (n % 4 == 3) c.options.softcap = 30.0f;
+        c.caller_workspace = n % 5 != 4;
+        c.seed = seed++;
+        check_backward_case(c);
+        ++n;
+      }
+  }
+}
+
+// Strides instead of copies: [b, h, s, d] storage, stride-0 broadcast K/V (dK, dV are per kv head).
+TEST(GpuBackwardSm90, LayoutsThroughStrides) {
+  REQUIRE_SM90();
+  for (int d : {64, 128}) {
+    BwdCase c;
+    c.head_dim = d;
+    c.batch = 2, c.seqlen_q = 130, c.seqlen_k = 257, c.heads_q = 4, c.heads_kv = 2;
+    c.layout = Layout::bhsd;
+    c.seed = 1900 + d;
+    check_backward_case(c);
+    c.layout = Layout::bshd;
+    c.broadcast_kv = true;
+    c.options.causal = true;
+    c.dtype = DType::f16;
+    c.seed = 1901 + d;
+    check_backward_case(c);
+  }
+}
+
+// Long enough that many key blocks add into the same dQ rows, and many query tiles pass one key block.
+TEST(GpuBackwardSm90, LongSequence) {
+  REQUIRE_SM90();
+  for (int d : {64, 128})
+    for (bool causal : {false, true}) {
+      BwdCase c;
+      c.head_dim = d;
+      c.seqlen_q = c.seqlen_k = 2100;
+      c.heads_q = 2, c.heads_kv = 1;
+      c.options.causal = causal;
+      c.seed = 2100 + uint64_t(d) + causal;
+      check_backward_case(c);
+    }
+}
+
+// A small case for compute-sanitizer (scripts/device-check): GQA, causal, tails on both sides.
+TEST(GpuBackwardSm90, Small) {
+  REQUIRE_SM90();
+  for (int d : {64, 128}) {
+    BwdCase c;
+    c.head_dim = d;
+    c.batch = 1, c.seqlen_q = 150, c.seqlen_k = 300, c.heads_q = 2, c.heads_kv = 1;
+    c.options.causal = true;
+    c.seed = 150 + uint64_t(d);
+    check_backward_case(c);
+  }
+}
+
+// What the backward cannot take is refused with a message naming the argument, before anything is written.
+TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
+  REQUIRE_SM90();
+  auto q = HostTensor::make(DType::bf16, {1, 64, 2, 64});
+  q.fill_normal(1);
+  auto grad = HostTensor::make(DType::bf16, {1, 64, 2, 64});
+  grad.poison();
+  auto lse = HostTensor::make_lse({1, 2, 64});
+  lse.fill_normal(2);
+  DeviceCopy t(q, size_t(q.numel())), g(grad, size_t(grad.numel())), gk(grad, size_t(grad.numel())),
+      gv(grad, size_t(grad.numel())), l(lse, size_t(lse.numel()));
+  auto expect_error = [](fa4::Status code, const std::function<void()>& f, const std::vector<std::string>& needles) {
+    try {
+      f();
+      ADD_FAILURE() << "no error";
+    } catch (const fa4::Error& e) {
+      EXPECT_EQ(e.code(), code) << e.what();
+      for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+      std::printf("  refused: %s\n", e.what());
+    }
+  };
+  const fa4::Tensor& x = t.desc();
+  EXPECT_TRUE(fa4::supports(fa4::Pass::backward, x, x, x).ok);
+  fa4::Tensor x256 = x;  // a head dim with a forward kernel but no backward one
+  x256.shape = {1, 16, 2, 256};
+  const fa4::Support s256 = fa4::supports(fa4::Pass::backward, x256, x256, x256);
+  EXPECT_FALSE(s256.ok);
+  EXPECT_EQ(s256.code, fa4::Status::unsupported);
+  EXPECT_NE(s256.reason.find("'q'"), std::string::npos) << s256.reason;
+  EXPECT_TRUE(fa4::supports(fa4::Pass::forward, x256, x256, x256).ok);
+  Options det;
+  det.deterministic = true;
+  expect_error(fa4::Status::unsupported, [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc(), det); },
+               {"'options.deterministic'"});
+  EXPECT_FALSE(fa4::supports(fa4::Pass::backward, x, x, x, det).ok);
+  fa4::Tensor dout_bad = x;  // a seqlen stride of 132 elements: not a multiple of 16 bytes
+  dout_bad.shape = {1, 32, 2, 64};
+  dout_bad.stride = {32 * 132, 132, 64, 1};
+  fa4::Tensor x32 = x, g32 = g.desc(), gk32 = gk.desc(), gv32 = gv.desc(), l32 = l.desc();
+  x32.shape = g32.shape = gk32.shape = gv32.shape = {1, 32, 2, 64};
+  l32.shape = {1, 2, 32};
+  expect_error(fa4::Status::unsupported, [&] { fa4::backward(x32, x32, x32, x32, dout_bad, l32, g32, gk32, gv32); },
+               {"'dout.stride[1]'"});
+  expect_error(fa4::Status::invalid_argument,
+               [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc(), {}, {l.desc().data, 64}); },
+               {"'workspace'"});
+  expect_error(fa4::Status::invalid_argument,
+               [&] { fa4::backward(x, x, x, x, x, l.desc(), x, gk.desc(), gv.desc()); }, {"'dq'"});
+  CUDA_OK(cudaDeviceSynchronize());
+  for (const DeviceCopy* d : {&g, &gk, &gv}) {
+    d->copy_back(grad);
+    size_t nan = 0;
+    for (double v : grad.values()) nan += v != v;
+    EXPECT_EQ(nan, size_t(grad.numel())) << "a refused call wrote a gradient";
+  }
+}
+
+}  // namespace
