@@ -62,11 +62,6 @@ void require_pass(const char* call, const Problem& p, Pass pass) {
   if (!sm90::has_backward_kernel(p.dtype, p.head_dim))
     unsupported(call, "a (dtype, head_dim) with a compiled CUDA backward kernel (" + compiled_kernels() + ")",
                 std::string("cuda tensors of dtype ") + to_string(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
-  if (p.deterministic)
-    throw Error(Status::unsupported, std::string(call) +
-                                         ": argument 'options.deterministic': expected false for cuda tensors (the "
-                                         "deterministic CUDA backward is not implemented yet; the CPU backend is "
-                                         "deterministic), got true");
 #else
   (void)call;
 #endif

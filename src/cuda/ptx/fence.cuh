@@ -19,4 +19,10 @@ __device__ __forceinline__ void fence_proxy_async_shared_cta() {
   ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_shared);
 }
 
+// The same for global memory: orders async-proxy writes this thread waited for (a bulk reduce-add after
+// tma_store_wait) with its later generic-proxy operations, e.g. a release that tells another CTA to go on.
+__device__ __forceinline__ void fence_proxy_async_global() {
+  ::cuda::ptx::fence_proxy_async(::cuda::ptx::space_global);
+}
+
 }  // namespace fa4::ptx

@@ -54,9 +54,11 @@ inline constexpr int kDqUnitFloats = kDqUnitRows * kDqUnitCols;
 //   dq_accum  fp32 [batch·heads][rows_padded/64][head_dim/64] units (zeroed by the preprocess kernel)
 //   lse_log2  fp32 [batch·heads][rows_padded]  LSE·log2(e); +inf for padding and fully masked rows (P = 0)
 //   dsum      fp32 [batch·heads][rows_padded]  D = rowsum(dO ∘ O); 0 for padding
+//   dq_turn   int32 [batch·heads][rows_padded/block_m][consumer warpgroups]  deterministic mode: how many key
+//             blocks have added their slab of this query tile so far (zeroed by the preprocess kernel)
 struct BwdWorkspaceLayout {
   int64_t rows_padded = 0;
-  size_t dq_accum = 0, lse_log2 = 0, dsum = 0, bytes = 0;
+  size_t dq_accum = 0, lse_log2 = 0, dsum = 0, dq_turn = 0, bytes = 0;
 };
 
 constexpr size_t align_up_256(size_t x) { return (x + 255) / 256 * 256; }
@@ -70,7 +72,8 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(int row, int64_t batch, int64_
   w.dq_accum = 0;
   w.lse_log2 = align_up_256(pairs * rows * size_t(t.head_dim) * 4);
   w.dsum = align_up_256(w.lse_log2 + pairs * rows * 4);
-  w.bytes = align_up_256(w.dsum + pairs * rows * 4);
+  w.dq_turn = align_up_256(w.dsum + pairs * rows * 4);
+  w.bytes = align_up_256(w.dq_turn + pairs * (rows / size_t(t.block_m)) * size_t(t.block_n / 64) * 4);
   return w;
 }
 

@@ -2,9 +2,14 @@
 // accumulator order (float4 per register group and thread: contiguous, conflict-free) and one thread adds it to
 // the workspace's dQ accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32), which completes in
 // the background. The staging buffer is rewritten only after the previous reduce has read it.
+// Deterministic mode: the slabs of one query tile are added in key-block order. The issuing thread waits until
+// the tile's turn counter (workspace dq_turn, one per query tile and warpgroup slab) reaches its key block's
+// turn, adds, waits until the add has been performed, and passes the turn on (FA3's semaphore scheme). Key
+// blocks are the fastest grid dimension, so the earlier turns belong to CTAs launched earlier.
 #pragma once
 
 #include <cstdint>
+#include <cuda/atomic>
 
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/named_barrier.cuh"
@@ -12,6 +17,7 @@
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/bwd/params.hpp"
 #include "cuda/sm90/bwd/shared_storage.cuh"
+#include "cuda/sm90/bwd/work.cuh"
 
 namespace fa4::sm90 {
 
@@ -26,7 +32,7 @@ class DqReducer {
 
   // Adds this warpgroup's slab of query tile m_block of (batch, head) pair `pair` to the accumulator.
   __device__ void add(const BwdParams& p, const ptx::WgmmaAccumulator<Config::kDqN>& dq, int64_t pair,
-                      int32_t m_block) {
+                      int32_t m_block, int32_t n_block) {
     const int thread = threadIdx.x % kWarpgroupThreads;
     if (thread == 0) ptx::tma_store_wait_read<0>();  // the previous reduce has read the staging buffer
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
@@ -40,8 +46,22 @@ class DqReducer {
       const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit_ / Config::kHeadDimChunks;
       const int64_t unit = (pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks +
                            first_unit_ % Config::kHeadDimChunks;
+      if (!p.deterministic) {
+        ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
+        ptx::tma_store_commit();
+        return;
+      }
+      const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block);
+      ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
+          p.ws.dq_turn[(pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups +
+                       first_unit_ / Config::kDqUnitsPerWarpgroup]);
+      while (counter.load(::cuda::memory_order_acquire) != turn) {
+      }
       ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
       ptx::tma_store_commit();
+      ptx::tma_store_wait<0>();  // the adds are performed (global memory written) ...
+      ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the release below
+      counter.fetch_add(1, ::cuda::memory_order_release);
     }
   }
 

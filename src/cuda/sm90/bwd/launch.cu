@@ -83,6 +83,7 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   ws.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum);
   ws.lse_log2 = reinterpret_cast<float*>(base + layout.lse_log2);
   ws.dsum = reinterpret_cast<float*>(base + layout.dsum);
+  ws.dq_turn = reinterpret_cast<int32_t*>(base + layout.dq_turn);
   ws.rows_padded = int32_t(layout.rows_padded);
 
   BwdPrePostParams pp;
@@ -97,6 +98,8 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   pp.seqlen_q = int32_t(p.seqlen_q);
   pp.heads_q = int32_t(p.heads_q);
   pp.head_dim = int32_t(p.head_dim);
+  pp.block_m = tile.block_m;
+  pp.turns_per_tile = tile.block_n / kWgmmaM;
   pp.scale = p.scale;
   if (p.seqlen_q > 0) check(launch_bwd_preprocess(p.dtype, pp, p.batch, cu_stream), "backward preprocess launch");
 
@@ -125,6 +128,7 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     params.mask = p.mask;
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;
+    params.deterministic = p.deterministic;
     check(launch_bwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(n_blocks * p.heads_kv * p.batch), cu_stream),
           "sm_90a backward launch failed");
   }

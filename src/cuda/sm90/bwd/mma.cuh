@@ -175,7 +175,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       }
       release_per_warp(q_ring, stage);  // Q, dO, LSE₂, D of this tile are no longer read
       ++stage;
-      dq_reducer.add(p, dq, pair, m_block);
+      dq_reducer.add(p, dq, pair, m_block, work.n_block);
       ds_buffer ^= 1;
     }
   }

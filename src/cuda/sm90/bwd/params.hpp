@@ -23,6 +23,7 @@ struct BwdWorkspace {
   float* dq_accum = nullptr;  // [batch·heads_q][rows_padded/64][head_dim/64] units of 64 × 64
   float* lse_log2 = nullptr;  // [batch·heads_q][rows_padded]
   float* dsum = nullptr;      // [batch·heads_q][rows_padded]
+  int32_t* dq_turn = nullptr; // [batch·heads_q][rows_padded/block_m][consumer warpgroups]
   int32_t rows_padded = 0;
 };
 
@@ -42,6 +43,7 @@ struct BwdParams {
   num::Mask mask;
   num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
   float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)
+  bool deterministic = false; // dQ slabs added in key-block order (ws.dq_turn), bitwise reproducible
 };
 
 // Preprocess and postprocess: plain pointers and strides.
@@ -51,6 +53,7 @@ struct BwdPrePostParams {
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
   BwdWorkspace ws;
   int32_t seqlen_q = 0, heads_q = 0, head_dim = 0;
+  int32_t block_m = 64, turns_per_tile = 1;  // the main kernel's query tile and dq_turn counters per tile
   float scale = 1.0f;
 };
 

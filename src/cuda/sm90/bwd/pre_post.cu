@@ -1,7 +1,8 @@
 // The backward's preprocess and postprocess kernels (plain CUDA, no tensor cores), one CTA per 64 query rows of
 // one (batch, query head) pair, rows padded to the main kernel's block_m:
 //   preprocess:  D = rowsum(dO ∘ O) in fp32, LSE₂ = LSE·log2e (+inf where LSE = -inf and for padding rows, so
-//                the main kernel's P is 0 there), and the pair's dQ accumulator rows zeroed; one launch.
+//                the main kernel's P is 0 there), the pair's dQ accumulator rows and dQ turn counters zeroed;
+//                one launch.
 //   postprocess: dQ = accumulator · scale, rounded to q's dtype, stored at dq's strides (rows < seqlen_q).
 // O, dO and dQ are read/written element-pairwise at any strides (head_dim contiguous).
 #include <cuda_runtime.h>
@@ -54,6 +55,10 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostPa
   float4* accum = reinterpret_cast<float4*>(p.ws.dq_accum + (c.pair * c.chunks + c.chunk) * (p.head_dim / kDqUnitCols) *
                                                                 int64_t(kDqUnitFloats));
   for (int i = threadIdx.x; i < kRowsPerCta * p.head_dim / 4; i += kPreThreads) accum[i] = make_float4(0, 0, 0, 0);
+  // The first row chunk of each main-kernel query tile zeroes the tile's deterministic-mode turn counters.
+  const int64_t rows = c.chunk * kRowsPerCta;
+  if (rows % p.block_m == 0 && threadIdx.x < p.turns_per_tile)
+    p.ws.dq_turn[(c.pair * (p.ws.rows_padded / p.block_m) + rows / p.block_m) * p.turns_per_tile + threadIdx.x] = 0;
 
   // Four threads per row, each summing every fourth column pair.
   const int part = threadIdx.x % 4;
