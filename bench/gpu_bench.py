@@ -2,15 +2,21 @@
 """GPU attention benchmark: fa4 against its peers, in one process on one GPU (DESIGN.md §5).
 
 Implementations (--impls):
-  fa4         fa4.flash_attn_func (the sm_90a kernels; forward only until the CUDA backward exists)
+  fa4         fa4.flash_attn_func (the sm_90a kernels; its autograd runs the custom op fa4::backward); where
+              fa4.supports refuses a shape (the CUDA backward has head dims 64 and 128 for now) a note with the
+              library's reason, no row
   sdpa-cudnn  torch SDPA, cuDNN backend   (sdpa_kernel(SDPBackend.CUDNN_ATTENTION))
   sdpa-flash  torch SDPA, FLASH backend   (sdpa_kernel(SDPBackend.FLASH_ATTENTION): FlashAttention-2)
   flex        FlexAttention, torch.compile'd (causal through a block mask); by default only at --flex-seqlens
 
 Shapes: bf16, 16k tokens (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / d), seqlen_q == seqlen_k.
 Inputs are made [b, s, h, d]; SDPA and flex get [b, h, s, d] transpose views of the same data (for s_q == s_k
-SDPA's top-left causal equals fa4's bottom-right). FLOPs = 4·b·h·s²·d, halved for causal; backward = 2.5× forward
-(the backward alone is timed, from a retained forward graph).
+SDPA's top-left causal equals fa4's bottom-right). FLOPs = 4·b·h·s²·d, halved for causal; backward = 2.5× forward.
+
+--pass bwd (or both): the backward alone. Per input set the forward runs once, untimed, and each timed call is
+torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) on that retained graph: the same autograd path for
+every implementation (fa4: the custom op fa4::backward; SDPA: its cuDNN / FLASH backward kernels; flex: its
+compiled backward), the forward excluded exactly rather than subtracted.
 
 Timing: CUDA events around each call, after a warm-up; the median of many calls; the calls cycle through enough
 separate input sets that one cycle touches more than 2× L2 (so no call finds its inputs in L2). A GPU spin is
@@ -69,7 +75,7 @@ def parse_args(argv=None):
                     help="seqlens at which flex runs (its compile is slow); default 2048,8192 (--quick: 4096); "
                          "'' = none")
     ap.add_argument("--pass", dest="passes", choices=("fwd", "bwd", "both"), default="fwd",
-                    help="fwd (default), bwd (peers; fa4 is noted unsupported until its CUDA backward exists), both")
+                    help="fwd (default), bwd (the backward alone, from a retained forward graph), or both")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--quick", action="store_true",
                     help="seqlen 1024,4096; d 64,128; causal and not; flex only at 4096 (explicit options win)")
@@ -289,14 +295,14 @@ class Gpu:
                     refs.append(((bs, hs), tuple(g.transpose(1, 2) for g in grads)))
         return refs
 
-    def poison_next_allocation(self, like_shape):
+    def poison_next_allocation(self, like_shape, count=1):
         # The outputs of every implementation have the same size: without this, a kernel that writes nothing
         # could return a block the caching allocator just took back from a correct peer. Free the cache, then
-        # leave one NaN-filled block of the output's size for the next allocation to pick up.
+        # leave `count` NaN-filled blocks of the output's size for the next allocations to pick up.
         torch = self.torch
         torch.cuda.synchronize()
         torch.cuda.empty_cache()
-        poison = torch.full(like_shape, float("nan"), device=self.dev, dtype=self.dtype)
+        poison = [torch.full(like_shape, float("nan"), device=self.dev, dtype=self.dtype) for _ in range(count)]
         del poison
 
     def check(self, impl, fwd, s0, refs, causal, pass_name):
@@ -310,7 +316,7 @@ class Gpu:
             full = [("out", out)]
         else:
             out = fwd(*s0[:3])
-            self.poison_next_allocation(s0[0].shape)
+            self.poison_next_allocation(s0[0].shape, count=3)  # dq, dk, dv
             grads = torch.autograd.grad(out, s0[:3], s0[3])
             full = list(zip(("dq", "dk", "dv"), grads))
         torch.cuda.synchronize()
@@ -496,8 +502,9 @@ def dry_run(args, run):
                             run.skip(impl, pass_name, d, seqlen, causal, "not at this seqlen (--flex-seqlens)",
                                      quiet=True)
                             continue
-                        if impl == "fa4" and pass_name == "bwd":
-                            run.skip(impl, pass_name, d, seqlen, causal, "unsupported: dry run (no CUDA backward)")
+                        if impl == "fa4" and pass_name == "bwd" and d not in (64, 128):
+                            run.skip(impl, pass_name, d, seqlen, causal,
+                                     f"unsupported: dry-run placeholder (no CUDA backward for head_dim {d})")
                             continue
                         if impl == "sdpa-flash" and d == 256 and causal:
                             run.skip(impl, pass_name, d, seqlen, causal, "RuntimeError: dry-run placeholder skip")
@@ -654,6 +661,9 @@ def main(argv=None):
         doc.update({"dtype": args.dtype, "tokens": TOKENS, "hidden": HIDDEN,
                     "timing": "CUDA events per call, median, after warm-up; inputs rotate over sets > 2x L2",
                     "flops": "4*b*h*s^2*d, causal /2, bwd x2.5 (backward alone)",
+                    **({"bwd_timing": "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) on a forward "
+                                      "run once per input set outside the timing"}
+                       if "bwd" in args.pass_list else {}),
                     "wall_s": round(time.time() - t0, 1),
                     "rows": run.rows, "skipped": run.skipped, "check_failures": run.check_failures})
         return write_outputs(args, doc, with_plot=final)

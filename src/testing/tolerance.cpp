@@ -113,7 +113,12 @@ CaseResult run_case(const CaseSpec& spec, Executor* executor) {
   auto dq = HostTensor::make(spec.dtype, qshape, spec.layout), dk = HostTensor::make(spec.dtype, kshape, spec.layout),
        dv = HostTensor::make(spec.dtype, kshape, spec.layout);
   for (auto* t : {&dq, &dk, &dv}) t->poison();
-  backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), spec.options);
+  if (executor) {
+    if (!executor->backward(q, k, v, out, dout, lse, dq, dk, dv, spec.options)) return r;  // forward only
+  } else {
+    backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(),
+             spec.options);
+  }
 
   auto dq_ref = HostTensor::make(DType::f64, qshape), dk_ref = HostTensor::make(DType::f64, kshape),
        dv_ref = HostTensor::make(DType::f64, kshape);

@@ -44,7 +44,7 @@ struct CaseResult {
   std::string failure;  // the first failing tensor and its numbers
 };
 
-// Where a case's forward runs: by default the public API on the host tensors (the CPU backend). The CLI's
+// Where a case's passes run: by default the public API on the host tensors (the CPU backend). The CLI's
 // GPU executor mirrors them to device memory, runs there and copies the outputs back.
 class Executor {
  public:
@@ -53,6 +53,12 @@ class Executor {
   virtual bool has_backward() const = 0;
   virtual void forward(HostTensor& q, HostTensor& k, HostTensor& v, HostTensor& out, HostTensor& lse,
                        const Options& options) = 0;
+  // Called only where has_backward(), after forward() on the same tensors (out and lse are its outputs);
+  // dq, dk, dv arrive NaN-poisoned. Returns false, computing nothing, where the executor's backend does not run
+  // this problem's backward (fa4::supports refuses it): the case then checks the forward only.
+  virtual bool backward(const HostTensor& q, const HostTensor& k, const HostTensor& v, const HostTensor& out,
+                        const HostTensor& dout, const HostTensor& lse, HostTensor& dq, HostTensor& dk, HostTensor& dv,
+                        const Options& options) = 0;
 };
 
 // Runs the case (forward, and backward where the executor has one) through the public API and checks every

@@ -78,9 +78,11 @@ void check(bool quick) {
       double margin = 0;
       for (const auto* cmp : {&r.out, &r.lse, &r.dq, &r.dk, &r.dv})
         if (cmp->bound > 0) margin = std::max(margin, cmp->max_error / cmp->bound);
-      const bool bwd = c.backward && (!backend || backend->has_backward());
-      fmt::print("{:<8} {:<58} {:<6} {:.3f}{}\n", name, c.name() + (bwd ? " fwd+bwd" : " fwd"), r.pass ? "PASS" : "FAIL",
-                 margin, r.pass ? "" : "  " + r.failure);
+      // The GPU executor checks the forward alone where fa4::supports refuses the backward there; it says why.
+      const std::string no_bwd = backend == &cuda ? cuda.backward_skipped() : "";
+      const bool bwd = c.backward && (!backend || backend->has_backward()) && no_bwd.empty();
+      fmt::print("{:<8} {:<58} {:<6} {:.3f}{}{}\n", name, c.name() + (bwd ? " fwd+bwd" : " fwd"), r.pass ? "PASS" : "FAIL",
+                 margin, r.pass ? "" : "  " + r.failure, no_bwd.empty() ? "" : "  (backward: " + no_bwd + ")");
       (r.pass ? passed : failed) += 1;
     }
   }

@@ -40,7 +40,7 @@ void info() {
   fmt::print("{}", rows.empty() ? std::string("          cuda: none\n") : rows);
   if (!rows.empty())
     fmt::print("          cuda kernels: causal, window, softcap, GQA/MQA, exp2 emulation k/16, rescale threshold "
-               "at run time; forward only\n");
+               "at run time\n");
 }
 
 }  // namespace

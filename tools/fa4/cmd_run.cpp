@@ -1,10 +1,14 @@
 // `fa4 run`: one attention (forward, backward or both) on random inputs on the best available backend;
-// prints backend, shape, time and TFLOP/s, and checks sampled rows against the fp64 reference.
+// prints backend, shape, time and TFLOP/s, and checks the outputs against the fp64 reference.
 #include <fmt/format.h>
+#include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
+#include <set>
+#include <utility>
 
 #include "api/device_info.hpp"
 #include "api/validate.hpp"
@@ -16,6 +20,8 @@
 namespace fa4::cli {
 namespace {
 
+using testing::HostTensor;
+
 struct RunArgs {
   ProblemArgs problem;
   std::string pass = "auto";  // auto: forward, and backward where the backend has one
@@ -24,9 +30,11 @@ struct RunArgs {
   int check_rows = 8;
 };
 
-// Relative tolerance of a sampled row: max|ours - ref| <= tol * max(1, max|ref|). Two units in the last
-// place of the output dtype, plus the fp32 accumulation error of a long row (loose enough never to flag
-// a correct kernel, tight enough that any indexing or masking bug fails it).
+// Relative tolerance of the spot checks. O: per sampled row, max|ours - ref| <= tol * max(1, max|ref|).
+// Gradients: max|ours - ref| <= tol * max|ref| over every checked element of that gradient (their entries
+// are far below 1, so the floor of 1 would let a wrong gradient pass). Two units in the last place of the
+// output dtype, plus the fp32 accumulation error of a long row (loose enough never to flag a correct kernel,
+// tight enough that any indexing or masking bug fails it).
 double row_tolerance(DType dtype) {
   switch (dtype) {
     case DType::bf16: return 2.0 / 256;
@@ -37,15 +45,76 @@ double row_tolerance(DType dtype) {
   return 0;
 }
 
+// The error of one gradient over its checked elements, relative to the largest reference entry among them.
+struct GradError {
+  double err = 0, scale = 0;
+  int64_t count = 0;
+  bool finite = true;
+  void add(double ours, double ref) {
+    finite = finite && std::isfinite(ours);
+    err = std::max(err, std::fabs(ours - ref));
+    scale = std::max(scale, std::fabs(ref));
+    ++count;
+  }
+  double rel() const { return err / (scale > 0 ? scale : 1.0); }
+};
+
+// Above this many multiply-adds per slice (heads per kv head × s_q × s_k × d) the dK/dV check is left out: a
+// slice is one head's whole fp64 backward on one core (about 5 of these per multiply-add).
+constexpr double kSliceBudget = 2.2e9;
+
+// dQ, dK and dV of whole (batch, kv head) slices against the fp64 reference backward (cpu::reference_backward)
+// run on copies of those slices: a key's gradient needs the softmax of every query row, so the reference of a
+// slice costs one head's whole backward; the slices run in parallel, one per thread.
+void check_slices(const ProblemArgs& pa, DType dtype, const Options& opts, const HostTensor& q, const HostTensor& k,
+                  const HostTensor& v, const HostTensor& dout, const HostTensor& dq, const HostTensor& dk,
+                  const HostTensor& dv, const std::vector<std::pair<int64_t, int64_t>>& slices, GradError& eq,
+                  GradError& ek, GradError& ev) {
+  const int64_t n = static_cast<int64_t>(slices.size()), g = pa.heads / pa.hkv(), sq = pa.sq(), sk = pa.sk(),
+                d = pa.head_dim;
+  auto qs = HostTensor::make(dtype, {n, sq, g, d}), dos = HostTensor::make(dtype, {n, sq, g, d}),
+       ks = HostTensor::make(dtype, {n, sk, 1, d}), vs = HostTensor::make(dtype, {n, sk, 1, d});
+  for (int64_t s = 0; s < n; ++s) {
+    const auto [b, hk] = slices[s];
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t hh = 0; hh < g; ++hh)
+        for (int64_t c = 0; c < d; ++c) {
+          qs.set({s, i, hh, c}, q.at({b, i, hk * g + hh, c}));
+          dos.set({s, i, hh, c}, dout.at({b, i, hk * g + hh, c}));
+        }
+    for (int64_t j = 0; j < sk; ++j)
+      for (int64_t c = 0; c < d; ++c) {
+        ks.set({s, j, 0, c}, k.at({b, j, hk, c}));
+        vs.set({s, j, 0, c}, v.at({b, j, hk, c}));
+      }
+  }
+  const detail::Problem p = detail::validate_inputs("fa4 run (reference slices)", qs.desc(), ks.desc(), vs.desc(), opts);
+  auto dq_ref = HostTensor::make(DType::f64, {n, sq, g, d}), dk_ref = HostTensor::make(DType::f64, {n, sk, 1, d}),
+       dv_ref = HostTensor::make(DType::f64, {n, sk, 1, d});
+  cpu::reference_backward(p, qs.desc(), ks.desc(), vs.desc(), dos.desc(), dq_ref.desc(), dk_ref.desc(), dv_ref.desc(),
+                          cpu::Precision::exact);
+  for (int64_t s = 0; s < n; ++s) {
+    const auto [b, hk] = slices[s];
+    for (int64_t i = 0; i < sq; ++i)
+      for (int64_t hh = 0; hh < g; ++hh)
+        for (int64_t c = 0; c < d; ++c) eq.add(dq.at({b, i, hk * g + hh, c}), dq_ref.at({s, i, hh, c}));
+    for (int64_t j = 0; j < sk; ++j)
+      for (int64_t c = 0; c < d; ++c) {
+        ek.add(dk.at({b, j, hk, c}), dk_ref.at({s, j, 0, c}));
+        ev.add(dv.at({b, j, hk, c}), dv_ref.at({s, j, 0, c}));
+      }
+  }
+}
+
 void run(const RunArgs& a) {
   const ProblemArgs& pa = a.problem;
   const DType dtype = parse_dtype(pa.dtype);
   const auto layout = parse_layout(pa.layout);
   const Options opts = pa.options();
   const std::array<int64_t, 4> qs{pa.batch, pa.sq(), pa.heads, pa.head_dim}, ks{pa.batch, pa.sk(), pa.hkv(), pa.head_dim};
-  auto q = testing::HostTensor::make(dtype, qs, layout), k = testing::HostTensor::make(dtype, ks, layout),
-       v = testing::HostTensor::make(dtype, ks, layout), out = testing::HostTensor::make(dtype, qs, layout);
-  auto lse = testing::HostTensor::make_lse({pa.batch, pa.heads, pa.sq()});
+  auto q = HostTensor::make(dtype, qs, layout), k = HostTensor::make(dtype, ks, layout),
+       v = HostTensor::make(dtype, ks, layout), out = HostTensor::make(dtype, qs, layout);
+  auto lse = HostTensor::make_lse({pa.batch, pa.heads, pa.sq()});
   q.fill_normal(pa.seed * 7 + 1);
   k.fill_normal(pa.seed * 7 + 2);
   v.fill_normal(pa.seed * 7 + 3);
@@ -57,83 +126,113 @@ void run(const RunArgs& a) {
   // The best available backend: the GPU when its kernels run every requested pass of this problem.
   Device device = Device::cpu;
   std::string why = a.backend == "cpu" ? "requested" : gpu::unavailable_reason();
-  std::unique_ptr<gpu::Mirror> dq_, dk_, dv_, dout_, dlse_;
-  bool gpu_bwd = false;
+  std::unique_ptr<gpu::Mirror> gq, gk, gv, gout, glse;  // device copies
+  Support gpu_bwd;
   if (a.backend != "cpu" && why.empty()) {
-    dq_ = std::make_unique<gpu::Mirror>(q), dk_ = std::make_unique<gpu::Mirror>(k), dv_ = std::make_unique<gpu::Mirror>(v);
-    const Support fwd = supports(Pass::forward, dq_->desc(), dk_->desc(), dv_->desc(), opts);
-    const Support bwd = supports(Pass::backward, dq_->desc(), dk_->desc(), dv_->desc(), opts);
-    gpu_bwd = bwd.ok;
+    gq = std::make_unique<gpu::Mirror>(q), gk = std::make_unique<gpu::Mirror>(k), gv = std::make_unique<gpu::Mirror>(v);
+    const Support fwd = supports(Pass::forward, gq->desc(), gk->desc(), gv->desc(), opts);
+    gpu_bwd = supports(Pass::backward, gq->desc(), gk->desc(), gv->desc(), opts);
     if (!fwd.ok)
       why = fwd.reason;
-    else if (require_bwd && !bwd.ok)
-      why = bwd.reason;
+    else if (require_bwd && !gpu_bwd.ok)
+      why = gpu_bwd.reason;
     else
       device = Device::cuda, why = detail::cuda_devices()[0].name;
   }
   if (a.backend == "cuda" && device != Device::cuda) throw Error(Status::unsupported, "fa4 run: --backend cuda: " + why);
-  if (device == Device::cuda) dout_ = std::make_unique<gpu::Mirror>(out), dlse_ = std::make_unique<gpu::Mirror>(lse);
+  const bool cuda = device == Device::cuda;
+  if (cuda) gout = std::make_unique<gpu::Mirror>(out), glse = std::make_unique<gpu::Mirror>(lse);
   fmt::print("backend   {} ({})\n", to_string(device), why);
   fmt::print("problem   {}\n", pa.shape_string());
-  const bool do_fwd = true, do_bwd = a.pass != "fwd" && (device == Device::cpu || gpu_bwd);
-  if (device == Device::cuda && a.pass == "auto" && !gpu_bwd) fmt::print("backward  not run: no CUDA backward kernel yet\n");
-  if (do_fwd) {
+  const bool do_bwd = a.pass != "fwd" && (!cuda || gpu_bwd.ok);
+  if (cuda && a.pass == "auto" && !gpu_bwd.ok) fmt::print("backward  not run on cuda: {}\n", gpu_bwd.reason);
+  {  // the forward always runs: the backward needs its O and LSE
     const double sec =
-        device == Device::cuda
-            ? gpu::median_ms([&] { forward(dq_->desc(), dk_->desc(), dv_->desc(), dout_->desc(), &dlse_->desc(), opts); },
-                             a.iters) * 1e-3
-            : median_seconds([&] { forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), opts); }, a.iters);
-    if (device == Device::cuda) dout_->copy_to(out), dlse_->copy_to(lse);
+        cuda ? gpu::median_ms([&] { forward(gq->desc(), gk->desc(), gv->desc(), gout->desc(), &glse->desc(), opts); },
+                              a.iters) * 1e-3
+             : median_seconds([&] { forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), opts); }, a.iters);
+    if (cuda) gout->copy_to(out), glse->copy_to(lse);
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::forward);
     if (a.pass != "bwd") fmt::print("forward   {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", sec * 1e3, fl / sec / 1e12, a.iters);
   }
-  testing::HostTensor dout, dq, dk, dv;
+  HostTensor dout, dq, dk, dv;
   if (do_bwd) {
-    dout = testing::HostTensor::make(dtype, qs, layout);
+    dout = HostTensor::make(dtype, qs, layout);
     dout.fill_normal(pa.seed * 7 + 4);
-    dq = testing::HostTensor::make(dtype, qs, layout), dk = testing::HostTensor::make(dtype, ks, layout),
-    dv = testing::HostTensor::make(dtype, ks, layout);
+    dq = HostTensor::make(dtype, qs, layout), dk = HostTensor::make(dtype, ks, layout), dv = HostTensor::make(dtype, ks, layout);
     for (auto* t : {&dq, &dk, &dv}) t->poison();
-    const double sec = median_seconds([&] {
-      backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), opts);
-    }, a.iters);
+    double sec = 0;
+    if (cuda) {  // on the device O and LSE of the forward above; gradients and workspace NaN-poisoned
+      const gpu::Mirror gdout(dout), gdq(dq), gdk(dk), gdv(dv);
+      const gpu::Buffer ws(workspace_size(Pass::backward, gq->desc(), gk->desc(), gv->desc(), opts));
+      sec = gpu::median_ms([&] {
+        backward(gq->desc(), gk->desc(), gv->desc(), gout->desc(), gdout.desc(), glse->desc(), gdq.desc(), gdk.desc(),
+                 gdv.desc(), opts, ws.workspace());
+      }, a.iters) * 1e-3;
+      gdq.copy_to(dq), gdk.copy_to(dk), gdv.copy_to(dv);
+    } else {
+      sec = median_seconds([&] {
+        backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), opts);
+      }, a.iters);
+    }
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::backward);
     fmt::print("backward  {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", sec * 1e3, fl / sec / 1e12, a.iters);
   }
 
-  // Spot check: sampled rows of O (and dQ) against the fp64 reference.
+  // Spot check against the fp64 reference: sampled rows of O and dQ; with a backward also dQ, dK and dV of whole
+  // (batch, kv head) slices where their reference is affordable.
   if (a.check_rows <= 0 || pa.batch * pa.heads * pa.sq() == 0) {
     fmt::print("check     skipped\n");
     return;
   }
   std::mt19937_64 rng(pa.seed);
   const double tol = row_tolerance(dtype);
-  double worst_o = 0, worst_dq = 0;
+  double worst_o = 0;
+  GradError eq_rows, eq, ek, ev;
   bool finite = true;
   std::vector<double> ref(pa.head_dim);
   for (int r = 0; r < a.check_rows; ++r) {
     const int64_t b = rng() % pa.batch, h = rng() % pa.heads, i = r == 0 ? pa.sq() - 1 : rng() % pa.sq();
-    auto row_error = [&](const testing::HostTensor& t) {
-      double scale = 1, err = 0;
-      for (int64_t c = 0; c < pa.head_dim; ++c) scale = std::max(scale, std::fabs(ref[c]));
-      for (int64_t c = 0; c < pa.head_dim; ++c) {
-        const double x = t.at({b, i, h, c});
-        finite = finite && std::isfinite(x);
-        err = std::max(err, std::fabs(x - ref[c]));
-      }
-      return err / scale;
-    };
     cpu::reference_forward_row(prob, q.desc(), k.desc(), v.desc(), b, h, i, ref.data());
-    worst_o = std::max(worst_o, row_error(out));
+    double scale = 1, err = 0;
+    for (int64_t c = 0; c < pa.head_dim; ++c) scale = std::max(scale, std::fabs(ref[c]));
+    for (int64_t c = 0; c < pa.head_dim; ++c) {
+      const double x = out.at({b, i, h, c});
+      finite = finite && std::isfinite(x);
+      err = std::max(err, std::fabs(x - ref[c]));
+    }
+    worst_o = std::max(worst_o, err / scale);
     if (do_bwd) {
       cpu::reference_backward_dq_row(prob, q.desc(), k.desc(), v.desc(), dout.desc(), b, h, i, ref.data());
-      worst_dq = std::max(worst_dq, row_error(dq));
+      for (int64_t c = 0; c < pa.head_dim; ++c) eq_rows.add(dq.at({b, i, h, c}), ref[c]);
     }
   }
-  const bool ok = finite && worst_o <= tol && worst_dq <= tol;
-  fmt::print("check     {}: {} sampled rows of O{} vs the fp64 reference: max rel err {:.2e}{} (tolerance {:.1e}){}\n",
-             ok ? "PASS" : "FAIL", a.check_rows, do_bwd ? " and dQ" : "", worst_o,
-             do_bwd ? fmt::format(" / {:.2e}", worst_dq) : "", tol, finite ? "" : ", non-finite values");
+  const int64_t group = pa.heads / pa.hkv();
+  const double slice_cost = static_cast<double>(group) * pa.sq() * pa.sk() * pa.head_dim;
+  const bool slices_checked = do_bwd && pa.sk() > 0 && slice_cost <= kSliceBudget;
+  int64_t n_slices = 0;
+  if (slices_checked) {
+    // The last (batch, kv head) and random others, as many as there are threads (at most 8).
+    const int64_t total = pa.batch * pa.hkv();
+    n_slices = std::min<int64_t>({total, std::max(1, omp_get_max_threads()), 8});
+    std::set<std::pair<int64_t, int64_t>> chosen{{pa.batch - 1, pa.hkv() - 1}};
+    while (static_cast<int64_t>(chosen.size()) < n_slices) chosen.insert({int64_t(rng() % pa.batch), int64_t(rng() % pa.hkv())});
+    const std::vector<std::pair<int64_t, int64_t>> slices(chosen.begin(), chosen.end());
+    check_slices(pa, dtype, opts, q, k, v, dout, dq, dk, dv, slices, eq, ek, ev);
+  } else if (do_bwd && pa.sk() > 0) {
+    fmt::print("check     dK, dV not checked: the fp64 reference of one (batch, kv head) slice is {:.1e} multiply-adds "
+               "here (limit {:.1e}); a shorter --seqlen checks them\n", 5 * slice_cost, 5 * kSliceBudget);
+  }
+  for (const GradError* e : {&eq_rows, &eq, &ek, &ev}) finite = finite && e->finite;
+  const double worst_dq = std::max(eq_rows.rel(), eq.rel());
+  const bool ok = finite && worst_o <= tol && (!do_bwd || (worst_dq <= tol && ek.rel() <= tol && ev.rel() <= tol));
+  std::string what = fmt::format("O {:.2e} ({} sampled rows)", worst_o, a.check_rows);
+  if (do_bwd) what += fmt::format(", dQ {:.2e} ({} sampled rows{})", worst_dq, a.check_rows,
+                                  slices_checked ? fmt::format(" and {} slices", n_slices) : "");
+  if (slices_checked)
+    what += fmt::format(", dK {:.2e}, dV {:.2e} ({} whole (batch, kv head) slices)", ek.rel(), ev.rel(), n_slices);
+  fmt::print("check     {}: max rel err vs the fp64 reference {} (tolerance {:.1e}){}\n", ok ? "PASS" : "FAIL", what, tol,
+             finite ? "" : "; non-finite values");
   if (!ok) set_exit_code(1);
 }
 
@@ -148,7 +247,7 @@ void add_run_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--backend", args->backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--iters", args->iters, "timed iterations (median reported)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--check-rows", args->check_rows, "rows checked against the reference (0: none)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--check-rows", args->check_rows, "rows checked against the reference (0: no check)")->check(CLI::NonNegativeNumber)->capture_default_str();
   cmd->callback([args] { run(*args); });
 }
 
