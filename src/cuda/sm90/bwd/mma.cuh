@@ -57,8 +57,24 @@ __device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, ptx::Wgmma
                                                   ptx::WgmmaAccumulator<BlockM>& dp, const float* lse,
                                                   const float* dsum, const int64_t (&key)[2], int64_t query0,
                                                   int col_base, bool masked) {
+  // The mask seen from a key: row i sees key j iff j - offset - right <= i <= j - offset + left (each side
+  // unbounded when -1), and keys past seqlen_k see no row. Per row half, the interval of this thread's column
+  // offsets (reg_col_in_pair_block) that see it, so each element costs two 32-bit compares.
+  int32_t lo[2] = {0, 0}, hi[2] = {BlockM, BlockM};
+  if (masked) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t base = query0 + col_base;
+      int64_t first = p.mask.right >= 0 ? key[h] - p.mask.offset() - p.mask.right - base : -1;
+      int64_t last = p.mask.left >= 0 ? key[h] - p.mask.offset() + p.mask.left - base : BlockM;
+      if (key[h] >= p.seqlen_k) first = BlockM, last = -1;
+      lo[h] = int32_t(first < -1 ? -1 : (first > BlockM ? BlockM : first));
+      hi[h] = int32_t(last < -1 ? -1 : (last > BlockM ? BlockM : last));
+    }
+  }
   auto visible = [&](int i) {
-    return !masked || p.mask.visible(query0 + col_base + reg_col_in_pair_block(i), key[reg_row_half(i)]);
+    const int c = reg_col_in_pair_block(i), h = reg_row_half(i);
+    return c >= lo[h] && c <= hi[h];
   };
   ptx::wgmma_wait_group<1>();  // Sᵀ landed; dPᵀ may still run
   ptx::wgmma_fence_operand(s);
