@@ -30,8 +30,7 @@ class DqReducer {
         barrier_(static_cast<uint32_t>(BwdBarrier::first_dq_staging) + uint32_t(consumer)),
         first_unit_(consumer * Config::kDqUnitsPerWarpgroup) {}
 
-  // Adds this warpgroup's slab of query tile m_block of (batch, head) pair `pair` to the accumulator. Every
-  // thread of the warpgroup passes its barrier (the caller relies on it to order the tile's reads).
+  // Adds this warpgroup's slab of query tile m_block of (batch, head) pair `pair` to the accumulator.
   __device__ void add(const BwdParams& p, const ptx::WgmmaAccumulator<Config::kDqN>& dq, int64_t pair,
                       int32_t m_block, int32_t n_block) {
     const int thread = threadIdx.x % kWarpgroupThreads;

@@ -27,9 +27,9 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
   BwdSharedStorage<Row>& smem = bwd_shared_storage<Row>();
   if (threadIdx.x == 0) {
     // K/V and each Q stage fill by TMA bytes after the producer's single arrival; a Q stage is free once every
-    // consumer warp has released it (after the wgmma wait that ends its last read).
+    // consumer thread has released it (after the wgmma wait that ends the GEMMs' reads, and its own LSE₂/D reads).
     cuda::Pipeline<1>::init(smem.kv_ring, 1, 1);
-    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, 4 * Config::kConsumerWarpgroups);
+    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, kWarpgroupThreads * Config::kConsumerWarpgroups);
   }
   __syncthreads();
   const BwdWork work = bwd_work<Config::kBlockM, Config::kBlockN>(p);

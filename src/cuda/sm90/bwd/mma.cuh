@@ -189,10 +189,11 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
         ptx::wgmma_fence_operand(p_frag[kb]);
         ptx::wgmma_fence_operand(ds_frag[kb]);
       }
-      // The reducer's warpgroup barrier orders every lane's reads of this stage's LSE₂ and D (ordinary loads)
-      // before lane 0's release of the stage, in the eyes of racecheck too; the next stage is already loaded.
       dq_reducer.add(p, dq, pair, m_block, work.n_block);
-      release_per_warp(q_ring, stage);  // Q, dO, LSE₂, D of this tile are no longer read
+      // Every thread releases the stage itself: each has read LSE₂ and D with ordinary loads, and racecheck
+      // pairs a read with the producer's next bulk copy only through the reading thread's own arrival (lane 0
+      // releasing for its warp after a barrier was reported as a race). Once per query tile.
+      q_ring.consumer_release(stage);
       ++stage;
       ds_buffer ^= 1;
     }
