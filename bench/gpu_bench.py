@@ -48,8 +48,8 @@ import time
 import traceback
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IMPLS = ("fa4", "sdpa-cudnn", "sdpa-flash", "flex")
-LABELS = {"fa4": "fa4", "sdpa-cudnn": "SDPA cuDNN", "sdpa-flash": "SDPA FLASH (FA2)", "flex": "FlexAttention"}
+IMPLS = ("fa4", "fa4-det", "sdpa-cudnn", "sdpa-flash", "flex")
+LABELS = {"fa4": "fa4", "fa4-det": "fa4 deterministic", "sdpa-cudnn": "SDPA cuDNN", "sdpa-flash": "SDPA FLASH (FA2)", "flex": "FlexAttention"}
 TOKENS = 16384
 HIDDEN = 2048
 DEFAULT_SEQLENS = (512, 1024, 2048, 4096, 8192, 16384)
@@ -179,7 +179,7 @@ class Gpu:
         self._flex = None
         self._flex_error = None
         self._block_masks = {}
-        if "fa4" in args.impls:
+        if "fa4" in args.impls or "fa4-det" in args.impls:
             self._load_fa4()
 
     # ---- implementations
@@ -235,11 +235,11 @@ class Gpu:
     def forward_fn(self, impl, causal, seqlen):
         """f(q, k, v) -> out, all [b, s, h, d]; raises if the impl cannot run."""
         F = self.F
-        if impl == "fa4":
+        if impl in ("fa4", "fa4-det"):
             if self.fa4 is None:
                 raise RuntimeError(f"fa4 unavailable: {self.fa4_error}")
-            fa4 = self.fa4
-            return lambda q, k, v: fa4.flash_attn_func(q, k, v, causal=causal)
+            fa4, det = self.fa4, impl == "fa4-det"
+            return lambda q, k, v: fa4.flash_attn_func(q, k, v, causal=causal, deterministic=det)
         if impl in ("sdpa-cudnn", "sdpa-flash"):
             return lambda q, k, v: F.scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
@@ -415,7 +415,7 @@ class Gpu:
                 run.skip(impl, pass_name, d, seqlen, causal, "not at this seqlen (--flex-seqlens)", quiet=True)
             elif impl in refused:
                 run.skip(impl, pass_name, d, seqlen, causal, f"refused: {refused[impl]}", quiet=True)
-            elif impl == "fa4" and self.fa4 is None:
+            elif impl in ("fa4", "fa4-det") and self.fa4 is None:
                 run.skip(impl, pass_name, d, seqlen, causal, f"fa4 unavailable: {self.fa4_error}", quiet=True)
             else:
                 impls.append(impl)
@@ -434,8 +434,9 @@ class Gpu:
         for impl in impls:
             t_start = time.perf_counter()
             try:
-                if impl == "fa4":
-                    sup = self.fa4.supports(*sets[0][:3], backward=(pass_name == "bwd"), causal=causal)
+                if impl in ("fa4", "fa4-det"):
+                    sup = self.fa4.supports(*sets[0][:3], backward=(pass_name == "bwd"), causal=causal,
+                                            deterministic=impl == "fa4-det")
                     if not sup:
                         run.skip(impl, pass_name, d, seqlen, causal, f"unsupported: {sup.reason}")
                         continue
@@ -491,7 +492,7 @@ class Gpu:
 
 def dry_run(args, run):
     """Placeholder numbers shaped like the H200 peers, for testing the outputs only."""
-    base = {"fa4": 600, "sdpa-cudnn": 560, "sdpa-flash": 320, "flex": 420}
+    base = {"fa4": 600, "fa4-det": 560, "sdpa-cudnn": 560, "sdpa-flash": 320, "flex": 420}
     for pass_name in args.pass_list:
         for d in args.head_dims:
             for causal in args.causals:
@@ -502,7 +503,7 @@ def dry_run(args, run):
                             run.skip(impl, pass_name, d, seqlen, causal, "not at this seqlen (--flex-seqlens)",
                                      quiet=True)
                             continue
-                        if impl == "fa4" and pass_name == "bwd" and d not in (64, 128):
+                        if impl in ("fa4", "fa4-det") and pass_name == "bwd" and d not in (64, 128):
                             run.skip(impl, pass_name, d, seqlen, causal,
                                      f"unsupported: dry-run placeholder (no CUDA backward for head_dim {d})")
                             continue
@@ -589,7 +590,7 @@ def plot(doc, impls, path):
         return False
     fig, axes = plt.subplots(len(dims), len(causals), figsize=(6.0 * len(causals), 3.6 * len(dims)),
                              squeeze=False, sharex=True)
-    colors = {"fa4": "tab:red", "sdpa-cudnn": "tab:blue", "sdpa-flash": "tab:green", "flex": "tab:purple"}
+    colors = {"fa4": "tab:red", "fa4-det": "tab:orange", "sdpa-cudnn": "tab:blue", "sdpa-flash": "tab:green", "flex": "tab:purple"}
     for i, d in enumerate(dims):
         for j, causal in enumerate(causals):
             ax = axes[i][j]
@@ -687,7 +688,7 @@ def main(argv=None):
     md, paths = finish(True)
     print("\nwrote " + ", ".join(paths.values()), flush=True)
     print("\n" + md, flush=True)
-    return 2 if any(f["impl"] == "fa4" for f in run.check_failures) else 0
+    return 2 if any(f["impl"] in ("fa4", "fa4-det") for f in run.check_failures) else 0
 
 
 if __name__ == "__main__":
