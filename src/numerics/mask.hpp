@@ -14,7 +14,10 @@ struct Mask {
   int64_t right = -1;  // -1: unbounded; causal folds in as right = min(right, 0)
 
   static Mask make(int64_t seqlen_q, int64_t seqlen_k, bool causal, int64_t window_left, int64_t window_right) {
-    Mask m{seqlen_q, seqlen_k, window_left, window_right};
+    // A window side of seqlen_q + seqlen_k or more already admits every key; clamping it there keeps the
+    // masks identical and every kernel's index arithmetic (key ± offset ± side) far from int64 overflow.
+    const int64_t wide = seqlen_q + seqlen_k;
+    Mask m{seqlen_q, seqlen_k, window_left > wide ? wide : window_left, window_right > wide ? wide : window_right};
     if (causal) m.right = 0;  // validation refuses causal with window_right > 0
     return m;
   }

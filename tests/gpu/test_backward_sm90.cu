@@ -250,17 +250,23 @@ TEST(GpuBackwardSm90, Small) {
 
 // Deterministic mode: dQ slabs are added in key-block order, so 100 runs give the same bits (dK and dV are
 // summed in registers and always are); and the result is still right. Many key blocks per query tile (2k
-// keys / 128), GQA (the CTA walks two query heads), causal and not.
+// keys / 128), GQA (the CTA walks two query heads), causal and not; and a sliding window over 4k keys with
+// more CTAs (256) than the GPU holds at once, where a key block's turn is not its index.
 TEST(GpuBackwardSm90, DeterministicIsBitwiseReproducible) {
   REQUIRE_SM90();
   for (int d : {64, 128})
-    for (bool causal : {false, true}) {
+    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
       BwdCase c;
       c.head_dim = d;
       c.batch = 2, c.seqlen_q = 700, c.seqlen_k = 2048, c.heads_q = 4, c.heads_kv = 2;
-      c.options.causal = causal;
+      c.options = mask_options(m);
+      if (m == MaskKind::window) {
+        c.seqlen_q = 1500, c.seqlen_k = 4096, c.heads_q = 8, c.heads_kv = 4;
+        c.options.window_left = 500, c.options.window_right = 100;
+      }
+      const bool causal = m == MaskKind::causal;
       c.options.deterministic = true;
-      c.seed = 7000 + uint64_t(d) + causal;
+      c.seed = 7000 + uint64_t(d) + causal + 2 * (m == MaskKind::window);
       check_backward_case(c);
       const BwdResult first = run_backward_on_gpu(c, /*with_reference=*/false);
       int differing = 0;

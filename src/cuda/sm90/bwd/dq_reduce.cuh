@@ -12,6 +12,7 @@
 #include <cuda/atomic>
 
 #include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/named_barrier.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -20,6 +21,23 @@
 #include "cuda/sm90/bwd/work.cuh"
 
 namespace fa4::sm90 {
+
+// Spins until the counter reaches `turn` (acquire); traps after FA4_MBARRIER_TIMEOUT_NS like the mbarrier
+// waits, so a broken turn order fails loudly instead of hanging.
+__device__ __forceinline__ void wait_for_turn(::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>& counter,
+                                              int32_t turn) {
+  if (counter.load(::cuda::memory_order_acquire) == turn) return;
+#if FA4_MBARRIER_TIMEOUT_NS > 0
+  const uint64_t start = ::cuda::ptx::get_sreg_globaltimer();
+  while (counter.load(::cuda::memory_order_acquire) != turn) {
+    __nanosleep(32);
+    if (::cuda::ptx::get_sreg_globaltimer() - start > static_cast<uint64_t>(FA4_MBARRIER_TIMEOUT_NS))
+      ptx::mbarrier_timeout_trap();
+  }
+#else
+  while (counter.load(::cuda::memory_order_acquire) != turn) __nanosleep(32);
+#endif
+}
 
 template <int Row>
 class DqReducer {
@@ -30,9 +48,9 @@ class DqReducer {
         barrier_(static_cast<uint32_t>(BwdBarrier::first_dq_staging) + uint32_t(consumer)),
         first_unit_(consumer * Config::kDqUnitsPerWarpgroup) {}
 
-  // Adds this warpgroup's slab of query tile m_block of (batch, head) pair `pair` to the accumulator.
-  __device__ void add(const BwdParams& p, const ptx::WgmmaAccumulator<Config::kDqN>& dq, int64_t pair,
-                      int32_t m_block, int32_t n_block) {
+  // Writes this warpgroup's slab to its staging buffer (every thread; two warpgroup barriers). On return every
+  // thread of the warpgroup is past its reads of the current Q-ring stage (the caller releases it).
+  __device__ void stage(const ptx::WgmmaAccumulator<Config::kDqN>& dq) {
     const int thread = threadIdx.x % kWarpgroupThreads;
     if (thread == 0) ptx::tma_store_wait_read<0>();  // the previous reduce has read the staging buffer
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
@@ -42,27 +60,31 @@ class DqReducer {
           make_float4(dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
     ptx::fence_proxy_async_shared_cta();
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
-    if (thread == 0) {
-      const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit_ / Config::kHeadDimChunks;
-      const int64_t unit = (pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks +
-                           first_unit_ % Config::kHeadDimChunks;
-      if (!p.deterministic) {
-        ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
-        ptx::tma_store_commit();
-        return;
-      }
-      const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block);
-      ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-          p.ws.dq_turn[(pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups +
-                       first_unit_ / Config::kDqUnitsPerWarpgroup]);
-      while (counter.load(::cuda::memory_order_acquire) != turn) {
-      }
+  }
+
+  // Adds the staged slab (query tile m_block of (batch, head) pair `pair`, key block n_block) to the
+  // accumulator: one thread issues the bulk reduce-add (in deterministic mode after its turn comes).
+  __device__ void issue(const BwdParams& p, int64_t pair, int32_t m_block, int32_t n_block) {
+    if (threadIdx.x % kWarpgroupThreads != 0) return;
+    const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit_ / Config::kHeadDimChunks;
+    const int64_t unit = (pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks +
+                         first_unit_ % Config::kHeadDimChunks;
+    if (!p.deterministic) {
       ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
       ptx::tma_store_commit();
-      ptx::tma_store_wait<0>();  // the adds are performed (global memory written) ...
-      ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the release below
-      counter.fetch_add(1, ::cuda::memory_order_release);
+      return;
     }
+    const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block);
+    ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
+        p.ws.dq_turn[(pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups +
+                     first_unit_ / Config::kDqUnitsPerWarpgroup]);
+    wait_for_turn(counter, turn);
+    ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
+    ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
+    ptx::tma_store_commit();
+    ptx::tma_store_wait<0>();         // the adds are performed (global memory written) ...
+    ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the release below
+    counter.fetch_add(1, ::cuda::memory_order_release);
   }
 
   // Before the CTA exits: the last reduce has read shared memory and its adds have been performed.

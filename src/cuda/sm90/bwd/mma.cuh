@@ -189,12 +189,14 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
         ptx::wgmma_fence_operand(p_frag[kb]);
         ptx::wgmma_fence_operand(ds_frag[kb]);
       }
-      dq_reducer.add(p, dq, pair, m_block, work.n_block);
+      dq_reducer.stage(dq);
       // Every thread releases the stage itself: each has read LSE₂ and D with ordinary loads, and racecheck
       // pairs a read with the producer's next bulk copy only through the reading thread's own arrival (lane 0
-      // releasing for its warp after a barrier was reported as a race). Once per query tile.
+      // releasing for its warp after a barrier was reported as a race). Once per query tile, and before the
+      // deterministic mode's wait for its turn, so the producer refills the stage meanwhile.
       q_ring.consumer_release(stage);
       ++stage;
+      dq_reducer.issue(p, pair, m_block, work.n_block);
       ds_buffer ^= 1;
     }
   }

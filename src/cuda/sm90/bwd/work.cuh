@@ -58,6 +58,9 @@ __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
 // monotonically with the key block), so a block's turn on the tile is its distance from the first of them.
 template <int BlockM, int BlockN>
 __device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, int32_t n_block, int32_t m_block) {
+  // Without a left window key block 0 sees every row that sees any key, so the first visitor is block 0.
+  if (p.mask.left < 0) return n_block;
+  // With one, the visitors are at most window / block_n + 2 blocks: a short walk back.
   int32_t first = n_block;
   while (first > 0 && key_block_sees_query_tile<BlockM, BlockN>(p, first - 1, m_block)) --first;
   return n_block - first;
