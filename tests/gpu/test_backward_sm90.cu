@@ -45,10 +45,13 @@ struct BwdCase {
 struct BwdResult {
   Comparison dq, dk, dv;
   std::vector<double> dq_values, dk_values, dv_values;
+  int repeats_differing = 0;  // of the repeated backward runs, those whose dq/dk/dv bytes differ from the first
 };
 
 // Forward and backward on the device (a non-default stream), then the exact and same-precision references.
-BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true) {
+// repeats > 1: the backward runs that many times more on the same inputs, gradients re-poisoned each time, and
+// each run's gradient bytes are compared with the first run's.
+BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true, int repeats = 0) {
   BwdResult r;
   const std::array<int64_t, 4> qshape{c.batch, c.seqlen_q, c.heads_q, c.head_dim};
   const std::array<int64_t, 4> kshape{c.batch, c.seqlen_k, c.heads_kv, c.head_dim};
@@ -98,11 +101,34 @@ BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true) {
   }
   const cudaError_t e = cudaStreamSynchronize(stream);
   EXPECT_EQ(e, cudaSuccess) << c.name() << ": " << cudaGetErrorName(e) << " " << cudaGetErrorString(e);
-  cudaStreamDestroy(stream);
-  cudaFree(ws_ptr);
   d_dq.copy_back(dq);
   d_dk.copy_back(dk);
   d_dv.copy_back(dv);
+  if (repeats > 0) {
+    auto again_q = HostTensor::make(c.dtype, qshape, c.layout), again_k = HostTensor::make(c.dtype, kshape, c.layout),
+         again_v = HostTensor::make(c.dtype, kshape, c.layout);
+    const std::pair<const DeviceCopy*, std::pair<HostTensor*, const HostTensor*>> grads[] = {
+        {&d_dq, {&again_q, &dq}}, {&d_dk, {&again_k, &dk}}, {&d_dv, {&again_v, &dv}}};
+    for (int run = 0; run < repeats; ++run) {
+      for (const auto& g : grads)
+        EXPECT_EQ(cudaMemsetAsync(g.first->desc().data, 0xff, g.second.second->storage().size(), stream), cudaSuccess);
+      try {
+        fa4::backward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), d_dout.desc(), d_lse.desc(), d_dq.desc(),
+                      d_dk.desc(), d_dv.desc(), c.options, ws, s);
+      } catch (const fa4::Error& err) {
+        ADD_FAILURE() << c.name() << ": repeat threw: " << err.what();
+      }
+      EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      bool same = true;
+      for (const auto& g : grads) {
+        g.first->copy_back(*g.second.first);
+        same = same && g.second.first->storage() == g.second.second->storage();
+      }
+      r.repeats_differing += !same;
+    }
+  }
+  cudaStreamDestroy(stream);
+  cudaFree(ws_ptr);
   r.dq_values = dq.values(), r.dk_values = dk.values(), r.dv_values = dv.values();
   if (!with_reference) return r;
 
@@ -133,6 +159,7 @@ void check_backward_case(const BwdCase& c) {
   std::printf("  %-70s dq %.3g/%.3g  dk %.3g/%.3g  dv %.3g/%.3g%s\n", name.c_str(), r.dq.max_error, r.dq.bound,
               r.dk.max_error, r.dk.bound, r.dv.max_error, r.dv.bound,
               r.dq.pass && r.dk.pass && r.dv.pass ? "" : "   FAIL");
+  std::fflush(stdout);  // a time limit that kills the process keeps what was printed
 }
 
 struct BwdInstance {
@@ -268,15 +295,10 @@ TEST(GpuBackwardSm90, DeterministicIsBitwiseReproducible) {
       c.options.deterministic = true;
       c.seed = 7000 + uint64_t(d) + causal + 2 * (m == MaskKind::window);
       check_backward_case(c);
-      const BwdResult first = run_backward_on_gpu(c, /*with_reference=*/false);
-      int differing = 0;
-      for (int run = 1; run < 100; ++run) {
-        const BwdResult again = run_backward_on_gpu(c, /*with_reference=*/false);
-        differing += again.dq_values != first.dq_values || again.dk_values != first.dk_values ||
-                     again.dv_values != first.dv_values;
-      }
-      EXPECT_EQ(differing, 0) << c.name() << ": runs whose gradients differ from the first, of 99";
-      std::printf("  %s: 100 runs, %d differ from the first\n", c.name().c_str(), differing);
+      const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/99);
+      EXPECT_EQ(r.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 99";
+      std::printf("  %s: 100 runs, %d differ from the first\n", c.name().c_str(), r.repeats_differing);
+      std::fflush(stdout);  // a time limit that kills the process keeps what was printed
     }
 }
 
