@@ -76,6 +76,9 @@ struct TileConfig {
   int n = 128;                     // key rows per step (the CTA's own key rows in the backward)
   int d = 128;                     // head dim (= value head dim)
   int ctas = 1;                    // 2: Blackwell cta_group::2 MMA, B operands split over the pair
+  int cluster = 1;                 // Hopper backward, 2: a cluster of two CTAs on neighbouring key blocks that
+                                   // share Q, dO, LSE, D by TMA multicast and sum their dQ partials through
+                                   // distributed SMEM before one reduce-add per pair (DESIGN.md §1)
   bool p_in_smem = false;          // P (fwd) or P and dS as A operands (bwd) staged through SMEM, not regs/TMEM
   int q_tiles_per_cta = 1;         // forward: Q tiles one CTA keeps in flight (FA4: 2 ping-pong tiles)
   double emulated_fraction = 0.0;  // forward exp2 done on the FMA pipe (Cody-Waite + degree-3 polynomial)

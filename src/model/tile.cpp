@@ -91,6 +91,8 @@ TileCost tile_cost(const Hardware& hw, const TileConfig& t) {
   check(t.m > 0 && t.n > 0 && t.d > 0, "tile sizes must be positive");
   check(t.ctas == 1 || t.ctas == 2, "ctas must be 1 or 2");
   check(t.ctas == 1 || hw.two_cta_mma, "2-CTA MMA needs Blackwell (cta_group::2)");
+  check(t.cluster == 1 || (t.cluster == 2 && t.pass == Pass::bwd && t.ctas == 1 && !hw.two_cta_mma),
+        "a cluster pair models the Hopper backward (Blackwell pairs through cta_group::2: ctas)");
   check(t.q_tiles_per_cta >= 1, "q_tiles_per_cta must be >= 1");
   check(t.emulated_fraction >= 0 && t.emulated_fraction <= 1, "emulated_fraction must be in [0, 1]");
   check(t.rescale_frequency >= 0 && t.rescale_frequency <= 1, "rescale_frequency must be in [0, 1]");
@@ -140,6 +142,13 @@ TileCost tile_cost(const Hardware& hw, const TileConfig& t) {
     // incoming half written (3 half tiles). The split is our reading; the total is the paper's 384 cycles.
     c.smem_exchange_bytes = ctas == 2 ? 3 * score_elements * elem / 2 : 0;
     c.smem_dq_bytes = 2 * (M / ctas) * d * fp32;  // dQ partial written to SMEM, read by the bulk reduce-add
+    if (t.cluster == 2) {
+      // Each CTA of the pair sums half of the two partials: the peer's half arrives by DSMEM (written here, read
+      // once), its own half of the sum is staged and read by the reduce-add; its other half leaves from
+      // registers. Same bytes on this SM's port, half of them now exchange.
+      c.smem_exchange_bytes = M * d * fp32;
+      c.smem_dq_bytes = M * d * fp32;
+    }
     c.mufu_cycles = score_elements / hw.mufu_exp2_per_clk.value;  // the backward never emulates (fa4.md §3.3)
     // Causal mask, when applied on every step: per element a compare against the row limit and a select
     // (ISETP + FSEL, fa3.md §4.5 / hopper/mask.h); masking only the diagonal steps is not counted.
@@ -148,7 +157,8 @@ TileCost tile_cost(const Hardware& hw, const TileConfig& t) {
                                            (t.mask_every_step ? kMaskOps : 0));
     if (tmem)  // S, dP (fp32) written and read; P, dS written and read; dV, dK accumulated; dQ out
       c.tmem_bytes = score_elements * (2 * 2 * fp32 + 2 * 2 * elem) + 2 * N * d * fp32 * 2 + (M / ctas) * d * fp32 * 2;
-    c.load_bytes = 2 * M * d * elem / ctas + 2 * M * fp32 + (M / ctas) * d * fp32;  // Q, dO, LSE, D; dQ reduce-add
+    // Q, dO, LSE, D; dQ reduce-add. A cluster pair loads each shared tile once (multicast) and reduces once.
+    c.load_bytes = (2 * M * d * elem / ctas + 2 * M * fp32 + (M / ctas) * d * fp32) / t.cluster;
     c.prologue_bytes = 2 * N * d * elem + 2 * M * d * elem / ctas + 2 * M * fp32;  // K, V; first Q, dO, LSE, D
     c.epilogue_bytes = 2 * N * d * elem + (M / ctas) * d * fp32;                   // dK, dV; last dQ partial
     c.epilogue_smem_bytes = 2 * N * d * elem;

@@ -65,23 +65,31 @@ std::string CaseSpec::name() const {
   return s.str();
 }
 
-CaseResult run_case(const CaseSpec& spec, Executor* executor) {
+CaseInputs make_case_inputs(const CaseSpec& spec) {
   const std::array<int64_t, 4> qshape{spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim};
   const std::array<int64_t, 4> kshape{spec.batch, spec.seqlen_k, spec.heads_kv, spec.head_dim};
   const std::array<int64_t, 4> kstore{spec.batch, spec.seqlen_k, spec.broadcast_kv ? 1 : spec.heads_kv, spec.head_dim};
-  auto q = HostTensor::make(spec.dtype, qshape, spec.layout);
-  auto k = HostTensor::make(spec.dtype, kstore, spec.layout);
-  auto v = HostTensor::make(spec.dtype, kstore, spec.layout);
-  // With softcap the scores must reach the cap to test it (FlashAttention scales q by softcap / 4).
-  q.fill_normal(spec.seed * 7 + 1, spec.options.softcap > 0 ? spec.options.softcap / 4 : 1.0);
-  k.fill_normal(spec.seed * 7 + 2);
-  v.fill_normal(spec.seed * 7 + 3);
+  CaseInputs in{HostTensor::make(spec.dtype, qshape, spec.layout), HostTensor::make(spec.dtype, kstore, spec.layout),
+                HostTensor::make(spec.dtype, kstore, spec.layout), HostTensor::make(spec.dtype, qshape, spec.layout)};
+  in.q.fill_normal(spec.seed * 7 + 1, spec.options.softcap > 0 ? spec.options.softcap / 4 : 1.0);
+  in.k.fill_normal(spec.seed * 7 + 2);
+  in.v.fill_normal(spec.seed * 7 + 3);
+  in.dout.fill_normal(spec.seed * 7 + 4);
+  in.kv_storage_elems = in.k.numel();
   if (spec.broadcast_kv) {  // stride 0 over heads: every kv head reads the same memory
-    for (auto* t : {&k, &v}) {
+    for (auto* t : {&in.k, &in.v}) {
       t->desc().shape = kshape;
       t->desc().stride[2] = 0;
     }
   }
+  return in;
+}
+
+CaseResult run_case(const CaseSpec& spec, Executor* executor) {
+  const std::array<int64_t, 4> qshape{spec.batch, spec.seqlen_q, spec.heads_q, spec.head_dim};
+  const std::array<int64_t, 4> kshape{spec.batch, spec.seqlen_k, spec.heads_kv, spec.head_dim};
+  CaseInputs in = make_case_inputs(spec);
+  HostTensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   auto out = HostTensor::make(spec.dtype, qshape, spec.layout);
   auto lse = HostTensor::make_lse({spec.batch, spec.heads_q, spec.seqlen_q});
   out.poison();
@@ -107,8 +115,6 @@ CaseResult run_case(const CaseSpec& spec, Executor* executor) {
   else if (!r.lse.pass) r.failure = "lse: " + r.lse.summary();
   if (!spec.backward || (executor && !executor->has_backward())) return r;
 
-  auto dout = HostTensor::make(spec.dtype, qshape, spec.layout);
-  dout.fill_normal(spec.seed * 7 + 4);
   // Gradients w.r.t. a broadcast K/V are per kv head; give them real storage.
   auto dq = HostTensor::make(spec.dtype, qshape, spec.layout), dk = HostTensor::make(spec.dtype, kshape, spec.layout),
        dv = HostTensor::make(spec.dtype, kshape, spec.layout);

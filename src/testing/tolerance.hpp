@@ -38,6 +38,15 @@ struct CaseSpec {
   std::string name() const;
 };
 
+// A case's random inputs, fresh per seed: q (scaled by softcap / 4 with softcap, so the scores reach the cap,
+// as FlashAttention's tests do), k, v and dout; with broadcast_kv, k and v are stride-0 views over heads of one
+// stored head (kv_storage_elems elements each).
+struct CaseInputs {
+  HostTensor q, k, v, dout;
+  int64_t kv_storage_elems = 0;
+};
+CaseInputs make_case_inputs(const CaseSpec& spec);
+
 struct CaseResult {
   Comparison out, lse, dq, dk, dv;
   bool pass = false;

@@ -103,6 +103,24 @@ TEST(ModelTile, HopperWarpgroupsEachReadB) {
   EXPECT_EQ(c.smem_cycles, 1280);
 }
 
+// The Hopper cluster pair (fa4's sm_90a backward tile, 64 queries x 128 keys, d = 128): each shared load and
+// the dQ reduce-add happen once per pair, and the dQ partial's SMEM bytes move to the exchange, unchanged.
+TEST(ModelTile, HopperClusterPairHalvesBackwardLoadsAndReduceAdds) {
+  m::TileConfig t;
+  t.pass = m::Pass::bwd;
+  t.m = 64;
+  t.n = 128;
+  const m::Hardware& h200 = m::hardware(m::Gpu::h200);
+  const m::TileCost one = m::tile_cost(h200, t);
+  t.cluster = 2;
+  const m::TileCost pair = m::tile_cost(h200, t);
+  EXPECT_EQ(one.load_bytes, 2 * 64 * 128 * 2 + 2 * 64 * 4 + 64 * 128 * 4);  // Q, dO; LSE, D; dQ reduce-add
+  EXPECT_EQ(pair.load_bytes, one.load_bytes / 2);
+  EXPECT_EQ(pair.smem_exchange_bytes + pair.smem_dq_bytes, one.smem_dq_bytes);
+  EXPECT_EQ(pair.smem_cycles, one.smem_cycles);
+  EXPECT_EQ(pair.mma_cycles, one.mma_cycles);
+}
+
 TEST(ModelTile, RejectsInvalidConfigurations) {
   m::TileConfig t;
   t.ctas = 2;
@@ -114,6 +132,12 @@ TEST(ModelTile, RejectsInvalidConfigurations) {
   t.pass = m::Pass::bwd;
   t.emulated_fraction = 0.25;
   EXPECT_THROW(m::tile_cost(m::hardware(m::Gpu::b200), t), std::invalid_argument);
+  t = {};
+  t.cluster = 2;  // the forward has no cluster pair
+  EXPECT_THROW(m::tile_cost(m::hardware(m::Gpu::h200), t), std::invalid_argument);
+  t.pass = m::Pass::bwd;  // Blackwell pairs through cta_group::2
+  EXPECT_THROW(m::tile_cost(m::hardware(m::Gpu::b200), t), std::invalid_argument);
+  EXPECT_NO_THROW(m::tile_cost(m::hardware(m::Gpu::h200), t));
 }
 
 TEST(ModelHardware, EveryValueHasASource) {

@@ -6,10 +6,13 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdint>
+#include <string>
 
 #include "api/device_info.hpp"
 #include "fa4/fa4.hpp"
 #include "testing/tensors.hpp"
+#include "testing/tolerance.hpp"
 
 namespace {
 
@@ -56,5 +59,62 @@ class DeviceCopy {
   size_t bytes_ = 0;
   fa4::Tensor desc_;
 };
+
+// One GPU test case: sizes, dtype, options, layout, seed (fresh random inputs per seed).
+struct GpuCase {
+  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 64;
+  fa4::DType dtype = fa4::DType::bf16;
+  fa4::Options options;
+  fa4::testing::Layout layout = fa4::testing::Layout::bshd;
+  bool broadcast_kv = false;  // K/V heads as stride-0 views of one stored head
+  uint64_t seed = 1;
+  fa4::testing::CaseSpec spec() const {
+    fa4::testing::CaseSpec s;
+    s.batch = batch, s.seqlen_q = seqlen_q, s.seqlen_k = seqlen_k, s.heads_q = heads_q, s.heads_kv = heads_kv;
+    s.head_dim = head_dim, s.dtype = dtype, s.options = options, s.layout = layout, s.broadcast_kv = broadcast_kv;
+    s.seed = seed;
+    return s;
+  }
+};
+
+struct Shape {
+  int64_t seqlen_q, seqlen_k;
+};
+
+enum class MaskKind { none, causal, window };
+inline fa4::Options options_for(MaskKind m) {
+  fa4::Options o;
+  if (m == MaskKind::causal) o.causal = true;
+  if (m == MaskKind::window) o.window_left = 37, o.window_right = 11;
+  return o;
+}
+
+// DESIGN.md §4's sweep for one compiled kernel: every shape × {no mask, causal, window}; MHA / GQA (group 3) /
+// MQA and softcap rotate over the cases so that each meets every shape class. Calls check(case, n) with the
+// case's running index n; `seed` numbers the cases across calls.
+template <class Case, size_t N, class Check>
+void for_each_sweep_case(fa4::DType dtype, int head_dim, const Shape (&shapes)[N], uint64_t& seed, Check&& check) {
+  struct Heads {
+    int64_t q, kv;
+  };
+  const Heads heads[] = {{2, 2}, {6, 2}, {3, 1}};
+  int n = 0;
+  for (const Shape& s : shapes)
+    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
+      Case c;
+      c.dtype = dtype;
+      c.head_dim = head_dim;
+      c.seqlen_q = s.seqlen_q;
+      c.seqlen_k = s.seqlen_k;
+      c.batch = s.seqlen_q * s.seqlen_k > 100000 ? 1 : 2;
+      c.heads_q = heads[n % 3].q;
+      c.heads_kv = heads[n % 3].kv;
+      c.options = options_for(m);
+      if (n % 4 == 3) c.options.softcap = 30.0f;
+      c.seed = seed++;
+      check(c, n);
+      ++n;
+    }
+}
 
 }  // namespace

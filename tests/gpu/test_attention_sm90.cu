@@ -36,20 +36,6 @@ using fa4::Options;
 using fa4::testing::HostTensor;
 using fa4::testing::Layout;
 
-struct GpuCase {
-  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 64;
-  DType dtype = DType::bf16;
-  Options options;
-  Layout layout = Layout::bshd;
-  bool broadcast_kv = false;  // K/V heads as stride-0 views of one stored head
-  uint64_t seed = 1;
-  fa4::testing::CaseSpec spec() const {
-    fa4::testing::CaseSpec s;
-    s.batch = batch, s.seqlen_q = seqlen_q, s.seqlen_k = seqlen_k, s.heads_q = heads_q, s.heads_kv = heads_kv;
-    s.head_dim = head_dim, s.dtype = dtype, s.options = options, s.layout = layout, s.broadcast_kv = broadcast_kv;
-    return s;
-  }
-};
 
 struct GpuResult {
   fa4::testing::Comparison out, lse;
@@ -61,20 +47,9 @@ struct GpuResult {
 GpuResult run_on_gpu(const GpuCase& c, bool with_reference = true) {
   GpuResult r;
   const std::array<int64_t, 4> qshape{c.batch, c.seqlen_q, c.heads_q, c.head_dim};
-  const std::array<int64_t, 4> kshape{c.batch, c.seqlen_k, c.heads_kv, c.head_dim};
-  const std::array<int64_t, 4> kstore{c.batch, c.seqlen_k, c.broadcast_kv ? 1 : c.heads_kv, c.head_dim};
-  auto q = HostTensor::make(c.dtype, qshape, c.layout);
-  auto k = HostTensor::make(c.dtype, kstore, c.layout);
-  auto v = HostTensor::make(c.dtype, kstore, c.layout);
-  q.fill_normal(c.seed * 7 + 1, c.options.softcap > 0 ? c.options.softcap / 4 : 1.0);
-  k.fill_normal(c.seed * 7 + 2);
-  v.fill_normal(c.seed * 7 + 3);
-  const size_t k_elems = size_t(k.numel());
-  if (c.broadcast_kv)
-    for (auto* t : {&k, &v}) {
-      t->desc().shape = kshape;
-      t->desc().stride[2] = 0;
-    }
+  fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
+  HostTensor &q = in.q, &k = in.k, &v = in.v;
+  const size_t k_elems = size_t(in.kv_storage_elems);
   auto out = HostTensor::make(c.dtype, qshape, c.layout);
   auto lse = HostTensor::make_lse({c.batch, c.heads_q, c.seqlen_q});
   out.poison();
@@ -162,20 +137,10 @@ struct ForcedRow {  // no sm90 kernels compiled: nothing to force (and the sm90 
 };
 #endif
 
-struct Shape {
-  int64_t seqlen_q, seqlen_k;
-};
+
 // DESIGN.md §4's odd and unequal lengths, plus more queries than keys (bottom-right causal masks whole rows)
 // and no keys at all (O = 0, LSE = -inf).
 const Shape kSweep[] = {{1, 1}, {17, 17}, {113, 203}, {239, 1}, {799, 3}, {1023, 1024}, {203, 113}, {64, 0}};
-
-enum class MaskKind { none, causal, window };
-Options options_for(MaskKind m) {
-  Options o;
-  if (m == MaskKind::causal) o.causal = true;
-  if (m == MaskKind::window) o.window_left = 37, o.window_right = 11;
-  return o;
-}
 
 // Every compiled row over the sweep × {no mask, causal, window}; head configurations MHA / GQA / MQA and
 // softcap rotate over the cases so that each meets every shape class.
@@ -183,32 +148,11 @@ TEST(GpuAttentionSm90, ForwardSweepEveryInstance) {
   REQUIRE_SM90();
   const std::vector<Instance> rows = compiled_instances();
   ASSERT_FALSE(rows.empty());
-  struct Heads {
-    int64_t q, kv;
-  };
-  const Heads heads[] = {{2, 2}, {6, 2}, {3, 1}};  // MHA, GQA (group 3), MQA
   uint64_t seed = 1;
   for (const Instance& row : rows) {
     std::printf("%s\n", row.name().c_str());
     const ForcedRow forced(row.tile_row);
-    int n = 0;
-    for (const Shape& s : kSweep)
-      for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
-        GpuCase c;
-        c.dtype = row.dtype;
-        c.head_dim = row.head_dim;
-        c.seqlen_q = s.seqlen_q;
-        c.seqlen_k = s.seqlen_k;
-        c.batch = s.seqlen_q * s.seqlen_k > 100000 ? 1 : 2;
-        const Heads h = heads[n % 3];
-        c.heads_q = h.q;
-        c.heads_kv = h.kv;
-        c.options = options_for(m);
-        if (n % 4 == 3) c.options.softcap = 30.0f;
-        c.seed = seed++;
-        check_case(c);
-        ++n;
-      }
+    for_each_sweep_case<GpuCase>(row.dtype, row.head_dim, kSweep, seed, [](const GpuCase& c, int) { check_case(c); });
   }
 }
 

@@ -26,20 +26,10 @@ using fa4::Options;
 using fa4::testing::Comparison;
 using fa4::testing::Layout;
 
-struct BwdCase {
-  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_kv = 1, head_dim = 64;
-  DType dtype = DType::bf16;
-  Options options;
-  Layout layout = Layout::bshd;
-  bool broadcast_kv = false;    // K/V heads as stride-0 views of one stored head
-  bool caller_workspace = true; // else fa4 allocates it stream-ordered
-  uint64_t seed = 1;
-  std::string name() const {
-    fa4::testing::CaseSpec s;
-    s.batch = batch, s.seqlen_q = seqlen_q, s.seqlen_k = seqlen_k, s.heads_q = heads_q, s.heads_kv = heads_kv;
-    s.head_dim = head_dim, s.dtype = dtype, s.options = options, s.layout = layout, s.broadcast_kv = broadcast_kv;
-    return s.name() + (caller_workspace ? "" : " own-workspace");
-  }
+// A GPU case plus where the backward's workspace comes from.
+struct BwdCase : GpuCase {
+  bool caller_workspace = true;  // else fa4 allocates it stream-ordered
+  std::string name() const { return spec().name() + (caller_workspace ? "" : " own-workspace"); }
 };
 
 struct BwdResult {
@@ -55,21 +45,9 @@ BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true, int 
   BwdResult r;
   const std::array<int64_t, 4> qshape{c.batch, c.seqlen_q, c.heads_q, c.head_dim};
   const std::array<int64_t, 4> kshape{c.batch, c.seqlen_k, c.heads_kv, c.head_dim};
-  const std::array<int64_t, 4> kstore{c.batch, c.seqlen_k, c.broadcast_kv ? 1 : c.heads_kv, c.head_dim};
-  auto q = HostTensor::make(c.dtype, qshape, c.layout);
-  auto k = HostTensor::make(c.dtype, kstore, c.layout);
-  auto v = HostTensor::make(c.dtype, kstore, c.layout);
-  auto dout = HostTensor::make(c.dtype, qshape, c.layout);
-  q.fill_normal(c.seed * 7 + 1, c.options.softcap > 0 ? c.options.softcap / 4 : 1.0);
-  k.fill_normal(c.seed * 7 + 2);
-  v.fill_normal(c.seed * 7 + 3);
-  dout.fill_normal(c.seed * 7 + 4);
-  const size_t k_elems = size_t(k.numel());
-  if (c.broadcast_kv)
-    for (auto* t : {&k, &v}) {
-      t->desc().shape = kshape;
-      t->desc().stride[2] = 0;
-    }
+  fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
+  HostTensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
+  const size_t k_elems = size_t(in.kv_storage_elems);
   auto out = HostTensor::make(c.dtype, qshape, c.layout);
   auto lse = HostTensor::make_lse({c.batch, c.heads_q, c.seqlen_q});
   auto dq = HostTensor::make(c.dtype, qshape, c.layout), dk = HostTensor::make(c.dtype, kshape, c.layout),
@@ -181,50 +159,22 @@ std::vector<BwdInstance> compiled_backward_instances() {
   return rows;
 }
 
-enum class MaskKind { none, causal, window };
-Options mask_options(MaskKind m) {
-  Options o;
-  if (m == MaskKind::causal) o.causal = true;
-  if (m == MaskKind::window) o.window_left = 37, o.window_right = 11;
-  return o;
-}
 
 // DESIGN.md §4's lengths, more queries than keys (causal masks whole rows: zero, finite gradients), no keys
 // (dQ = 0) and no queries (dK = dV = 0), tails of every size against the 64/128-row tiles.
-struct Shape {
-  int64_t seqlen_q, seqlen_k;
-};
 const Shape kSweep[] = {{1, 1}, {17, 17}, {113, 203}, {239, 1}, {799, 3}, {1023, 1024}, {203, 113}, {64, 0}, {0, 77}, {1, 300}};
 
 TEST(GpuBackwardSm90, SweepEveryInstance) {
   REQUIRE_SM90();
   const std::vector<BwdInstance> rows = compiled_backward_instances();
   ASSERT_FALSE(rows.empty());
-  struct Heads {
-    int64_t q, kv;
-  };
-  const Heads heads[] = {{2, 2}, {6, 2}, {3, 1}};  // MHA, GQA (group 3), MQA
   uint64_t seed = 1;
   for (const BwdInstance& row : rows) {
     std::printf("%s d=%d\n", fa4::to_string(row.dtype), row.head_dim);
-    int n = 0;
-    for (const Shape& s : kSweep)
-      for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
-        BwdCase c;
-        c.dtype = row.dtype;
-        c.head_dim = row.head_dim;
-        c.seqlen_q = s.seqlen_q;
-        c.seqlen_k = s.seqlen_k;
-        c.batch = s.seqlen_q * s.seqlen_k > 100000 ? 1 : 2;
-        c.heads_q = heads[n % 3].q;
-        c.heads_kv = heads[n % 3].kv;
-        c.options = mask_options(m);
-        if (n % 4 == 3) c.options.softcap = 30.0f;
-        c.caller_workspace = n % 5 != 4;
-        c.seed = seed++;
-        check_backward_case(c);
-        ++n;
-      }
+    for_each_sweep_case<BwdCase>(row.dtype, row.head_dim, kSweep, seed, [](BwdCase c, int n) {
+      c.caller_workspace = n % 5 != 4;
+      check_backward_case(c);
+    });
   }
 }
 
@@ -286,7 +236,7 @@ TEST(GpuBackwardSm90, DeterministicIsBitwiseReproducible) {
       BwdCase c;
       c.head_dim = d;
       c.batch = 2, c.seqlen_q = 700, c.seqlen_k = 2048, c.heads_q = 4, c.heads_kv = 2;
-      c.options = mask_options(m);
+      c.options = options_for(m);
       if (m == MaskKind::window) {
         c.seqlen_q = 1500, c.seqlen_k = 4096, c.heads_q = 8, c.heads_kv = 4;
         c.options.window_left = 500, c.options.window_right = 100;

@@ -24,7 +24,7 @@ struct ModelOptions {
   std::string pass = "fwd";
   std::string dtype = "bf16";
   int d = 128;
-  std::optional<int> tile_m, tile_n, ctas, batch, heads, seqlen_k;
+  std::optional<int> tile_m, tile_n, ctas, cluster, batch, heads, seqlen_k;
   int seqlen = 4096;
   bool causal = false;
   bool lpt = false;
@@ -54,6 +54,12 @@ m::TileConfig tile_for(m::Gpu gpu, const ModelOptions& o) {
     if (*o.ctas == 2 && !m::hardware(gpu).two_cta_mma)
       throw CLI::ValidationError("--ctas", fmt::format("2-CTA MMA needs Blackwell (b200, b300), not {}", m::name(gpu)));
     t.ctas = *o.ctas;
+  }
+  if (o.cluster) {
+    if (*o.cluster == 2 && (pass != m::Pass::bwd || m::hardware(gpu).two_cta_mma))
+      throw CLI::ValidationError("--cluster", fmt::format("a cluster pair models the Hopper backward (--pass bwd on "
+                                                          "h100, h200), not {} {}", m::name(gpu), o.pass));
+    t.cluster = *o.cluster;
   }
   if (o.emulated_fraction) t.emulated_fraction = *o.emulated_fraction;
   if (o.rescale_frequency) t.rescale_frequency = *o.rescale_frequency;
@@ -101,7 +107,7 @@ json to_json(const Evaluated& e) {
         {"smem_bytes_per_clk", sourced(hw.smem_bytes_per_clk)}, {"hbm_tb_per_s", sourced(hw.hbm_tb_per_s)},
         {"tmem_kib", sourced(hw.tmem_kib)}}},
       {"tile",
-       {{"pass", m::name(t.pass)}, {"dtype", m::name(t.dtype)}, {"m", t.m}, {"n", t.n}, {"d", t.d}, {"ctas", t.ctas},
+       {{"pass", m::name(t.pass)}, {"dtype", m::name(t.dtype)}, {"m", t.m}, {"n", t.n}, {"d", t.d}, {"ctas", t.ctas}, {"cluster", t.cluster},
         {"p_in_smem", t.p_in_smem}, {"q_tiles_per_cta", t.q_tiles_per_cta},
         {"emulated_fraction", t.emulated_fraction}, {"rescale_frequency", t.rescale_frequency}}},
       {"schedule", m::name(schedule)},
@@ -229,6 +235,9 @@ void add_model_command(CLI::App& app) {
   cmd->add_option("--rescale-frequency", o->rescale_frequency, "forward fraction of steps that rescale O")
       ->check(CLI::Range(0.0, 1.0));
   cmd->add_option("--ctas", o->ctas, "1 or 2 (2-CTA MMA, Blackwell only)")->check(CLI::IsMember({1, 2}));
+  cmd->add_option("--cluster", o->cluster,
+                  "1 or 2 (Hopper backward: a cluster pair sharing Q/dO by multicast, dQ summed through DSMEM)")
+      ->check(CLI::IsMember({1, 2}));
   cmd->add_option("--schedule", o->schedule, "pingpong or serial (default: the reference kernel's)")
       ->check(CLI::IsMember({"pingpong", "serial"}));
   cmd->add_flag("--lpt", o->lpt, "longest-processing-time-first tile order");
