@@ -28,4 +28,15 @@ static_assert(sw128_offset(1, 0, 2) == 128 + 16, "row 1 moves chunk 0 to chunk 1
 static_assert(sw128_offset(7, 63, 2) == 7 * 128 + ((7 ^ 7) * 16) + 14, "row 7 moves chunk 7 to chunk 0");
 static_assert(sw128_offset(9, 8, 2) == 9 * 128 + ((1 ^ 1) * 16), "the pattern repeats every 8 rows");
 
+#if defined(__CUDACC__)
+// The kernel's dynamic shared memory as a T whose base is rounded up to the 1024-byte swizzle repeat (tile
+// descriptors then use base offset 0); launches request sizeof(T) + 1024 bytes.
+template <class T>
+__device__ __forceinline__ T& sw128_aligned_dynamic_smem() {
+  extern __shared__ uint8_t dynamic_smem[];
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(dynamic_smem));
+  return *reinterpret_cast<T*>(dynamic_smem + ((kSw128Alignment - (addr & (kSw128Alignment - 1))) & (kSw128Alignment - 1)));
+}
+#endif
+
 }  // namespace fa4::ptx

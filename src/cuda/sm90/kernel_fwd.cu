@@ -61,7 +61,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
 template <ptx::WgmmaInput In, int Row>
 __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Config = FwdConfig<Row>;
-  FwdSharedStorage<Row>& smem = fwd_shared_storage<Row>();
+  FwdSharedStorage<Row>& smem = ptx::sw128_aligned_dynamic_smem<FwdSharedStorage<Row>>();
   if (threadIdx.x == 0) {
     // K/V/Q fills complete by TMA bytes after the producer's single arrival, a tile index by the producer's
     // store-and-arrive. A stage is free once every consumer warp has released it: K/V/Q after its wgmma wait,
@@ -84,25 +84,10 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
   consumer_role<In, Row>(p, smem, warpgroup - 1);
 }
 
-template <DType Dtype>
-constexpr ptx::WgmmaInput wgmma_input() {
-  static_assert(Dtype == DType::bf16 || Dtype == DType::f16, "the sm90 kernels take bf16 or fp16");
-  return Dtype == DType::bf16 ? ptx::WgmmaInput::bf16 : ptx::WgmmaInput::f16;
-}
-
 template <DType Dtype, int Row>
 cudaError_t launch_instance(const FwdParams& p, uint32_t grid, cudaStream_t stream) {
-  auto* kernel = fwd_kernel<wgmma_input<Dtype>(), Row>;
-  constexpr uint32_t smem = fwd_smem_bytes<Row>();
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      e != cudaSuccess)
-    return e;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(FwdConfig<Row>::kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  return cudaLaunchKernelEx(&config, kernel, p);
+  return launch_with_dynamic_smem(fwd_kernel<wgmma_input<Dtype>(), Row>, grid, FwdConfig<Row>::kThreads,
+                                  fwd_smem_bytes<Row>(), stream, p);
 }
 
 // The kernels of a head dim: one per kFwdTiles row of that head dim; `row` picks the one that runs.

@@ -18,7 +18,6 @@
 namespace fa4::sm90 {
 namespace {
 
-constexpr int kSeq = 1, kHeads = 2, kBatch = 0;  // Tensor dims: [batch, seqlen, heads, head_dim]
 constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
 
 [[noreturn]] void unsupported(const char* call, const std::string& arg, const std::string& expected,
@@ -210,36 +209,21 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   params.exp2_emulated_per16 = p.exp2_emulated_per16;
 
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
-  auto check = [&](cudaError_t e, const char* what) {
-    if (e != cudaSuccess)
-      throw Error(Status::cuda_error, std::string(call) + ": " + what + ": " + cudaGetErrorName(e) + " (" +
-                                          cudaGetErrorString(e) + ")");
-  };
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   // The LPT tile counter lives in stream-ordered memory: zeroed, used and freed in stream order, so concurrent
-  // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes. The
-  // guard frees it on every path (an error after the allocation included).
-  struct StreamOrderedCounter {
-    uint32_t* ptr = nullptr;
-    cudaStream_t stream = nullptr;
-    ~StreamOrderedCounter() {
-      if (ptr != nullptr) cudaFreeAsync(ptr, stream);
-    }
-  } counter{nullptr, cu_stream};
+  // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes.
+  std::optional<StreamOrderedBuffer> counter;
   if (params.order.lpt) {
-    check(cudaMallocAsync(reinterpret_cast<void**>(&counter.ptr), sizeof(uint32_t), cu_stream),
-          "cudaMallocAsync of the 4-byte tile counter");
-    check(cudaMemsetAsync(counter.ptr, 0, sizeof(uint32_t), cu_stream), "cudaMemsetAsync of the tile counter");
-    params.tile_counter = counter.ptr;
+    counter.emplace(call, sizeof(uint32_t), cu_stream, "the 4-byte tile counter");
+    params.tile_counter = static_cast<uint32_t*>(counter->get());
+    throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), cu_stream),
+                        "cudaMemsetAsync of the tile counter");
   }
-  check(launch_fwd_kernel(p.dtype, int(p.head_dim), row, params, grid, cu_stream), "sm_90a forward launch failed");
-  if (counter.ptr != nullptr) {
-    const cudaError_t e = cudaFreeAsync(counter.ptr, cu_stream);
-    counter.ptr = nullptr;
-    check(e, "cudaFreeAsync of the tile counter");
-  }
+  throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, params, grid, cu_stream),
+                      "sm_90a forward launch failed");
+  if (counter) counter->free(call);
 }
 
 }  // namespace fa4::sm90

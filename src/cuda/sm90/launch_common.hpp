@@ -13,6 +13,42 @@
 
 namespace fa4::sm90 {
 
+inline constexpr int kBatch = 0, kSeq = 1, kHeads = 2;  // Tensor dims: [batch, seqlen, heads, head_dim]
+
+// Throws Error(cuda_error) "<call>: <what>: <name> (<description>)" unless e is cudaSuccess.
+inline void throw_if_cuda_error(const char* call, cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(Status::cuda_error, std::string(call) + ": " + what + ": " + cudaGetErrorName(e) + " (" +
+                                        cudaGetErrorString(e) + ")");
+}
+
+// Device memory from the stream-ordered allocator, given back in stream order on every path (an error after
+// the allocation included); CUDA-graph capture records both as graph nodes.
+class StreamOrderedBuffer {
+ public:
+  StreamOrderedBuffer(const char* call, size_t bytes, cudaStream_t stream, const std::string& what)
+      : stream_(stream), what_(what) {
+    throw_if_cuda_error(call, cudaMallocAsync(&ptr_, bytes, stream), ("cudaMallocAsync of " + what_).c_str());
+  }
+  ~StreamOrderedBuffer() {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  }
+  StreamOrderedBuffer(const StreamOrderedBuffer&) = delete;
+  StreamOrderedBuffer& operator=(const StreamOrderedBuffer&) = delete;
+  void* get() const { return ptr_; }
+  // Frees now (after the launches that use it, in stream order), reporting an error.
+  void free(const char* call) {
+    const cudaError_t e = cudaFreeAsync(ptr_, stream_);
+    ptr_ = nullptr;
+    throw_if_cuda_error(call, e, ("cudaFreeAsync of " + what_).c_str());
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  cudaStream_t stream_;
+  std::string what_;
+};
+
 // TMA coordinate steps of a mapped tensor's heads and batch dims: 1, or 0 where the dim is collapsed (stride 0
 // or size 1, mapped with extent 1).
 struct CoordSteps {

@@ -212,7 +212,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
   auto v_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.v[stage])); };
   const ScoreForm form = score_form(p);
   auto softmax = [&](S& s, int32_t n_block) {
-    const bool masked = !kv_tile_fully_visible<kBlockM, kBlockN>(p, tile.m_block, n_block);
+    const bool masked = !tile_pair_fully_visible<kBlockM, kBlockN>(p.mask, tile.m_block, n_block);
     const int64_t key0 = int64_t(n_block) * kBlockN;
     return form == ScoreForm::raw_max
                ? softmax_tile<ScoreForm::raw_max, kBlockN>(p, s, rows, row, key0, col_base, masked)

@@ -49,14 +49,5 @@ __device__ __forceinline__ KvTileRange kv_tile_range(const FwdParams& p, int32_t
   return r;
 }
 
-// Whether every element of the (query tile, key tile) block is visible: then the softmax skips the per-element
-// predicates. Rows past seqlen_q are never stored, so they do not count.
-template <int BlockM, int BlockN>
-__device__ __forceinline__ bool kv_tile_fully_visible(const FwdParams& p, int32_t m_block, int32_t n_block) {
-  const int64_t row0 = int64_t(m_block) * BlockM;
-  const int64_t row_last = (row0 + BlockM < p.seqlen_q ? row0 + BlockM : int64_t(p.seqlen_q)) - 1;
-  const int64_t key0 = int64_t(n_block) * BlockN, key_end = key0 + BlockN;
-  return key_end <= p.seqlen_k && key0 >= p.mask.key_begin(row_last) && key_end <= p.mask.key_end(row0);
-}
 
 }  // namespace fa4::sm90

@@ -43,13 +43,6 @@ __device__ __forceinline__ uint8_t* o_staging(FwdSharedStorage<Row>& smem, int c
   return base + consumer * kWgmmaM * ptx::kSw128RowBytes;
 }
 
-// The dynamic shared-memory base rounded up to the 1024-byte swizzle repeat (the descriptors use base offset 0).
-template <int Row>
-__device__ __forceinline__ FwdSharedStorage<Row>& fwd_shared_storage() {
-  extern __shared__ uint8_t fwd_dynamic_smem[];
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(fwd_dynamic_smem));
-  return *reinterpret_cast<FwdSharedStorage<Row>*>(fwd_dynamic_smem + ((1024u - (addr & 1023u)) & 1023u));
-}
 #endif
 
 template <int Row>

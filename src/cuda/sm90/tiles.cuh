@@ -11,8 +11,44 @@
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/config.hpp"
+#include "fa4/fa4.hpp"
+#include "numerics/mask.hpp"
 
 namespace fa4::sm90 {
+
+template <DType Dtype>
+constexpr ptx::WgmmaInput wgmma_input() {
+  static_assert(Dtype == DType::bf16 || Dtype == DType::f16, "the sm90 kernels take bf16 or fp16");
+  return Dtype == DType::bf16 ? ptx::WgmmaInput::bf16 : ptx::WgmmaInput::f16;
+}
+
+// Launches a kernel that takes its parameters as one __grid_constant__ struct, with `smem` bytes of dynamic
+// shared memory (opted in first: above 48 KiB the attribute is required).
+template <class Params>
+cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint32_t threads, uint32_t smem,
+                                     cudaStream_t stream, const Params& params) {
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+      e != cudaSuccess)
+    return e;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(threads);
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  return cudaLaunchKernelEx(&config, kernel, params);
+}
+
+// Whether every (query, key) of query tile m_block × key tile n_block is visible, so the softmax skips the
+// per-element predicates: keys inside seqlen_k and inside every valid row's window (both window ends grow with
+// the row, so the first and last valid rows decide). Rows past seqlen_q are never stored (forward) or have
+// P = 0 (backward), so they do not count.
+template <int BlockM, int BlockN>
+__device__ __forceinline__ bool tile_pair_fully_visible(const num::Mask& mask, int32_t m_block, int32_t n_block) {
+  const int64_t row0 = int64_t(m_block) * BlockM;
+  const int64_t row_last = (row0 + BlockM < mask.seqlen_q ? row0 + BlockM : mask.seqlen_q) - 1;
+  const int64_t key0 = int64_t(n_block) * BlockN, key_end = key0 + BlockN;
+  return key_end <= mask.seqlen_k && key0 >= mask.key_begin(row_last) && key_end <= mask.key_end(row0);
+}
 
 // Accumulator register i of a thread: row half (i/2)%2 (row r or r + 8), column 8·(i/4) + 2c + i%2.
 __device__ __forceinline__ constexpr int reg_row_half(int i) { return (i >> 1) & 1; }

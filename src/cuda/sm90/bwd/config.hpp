@@ -99,7 +99,6 @@ struct BwdConfig {
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;
-  static constexpr int kQueryChunks = kBlockM / kSw128Columns;  // 64-query chunks of the dSᵀ tile
 
   // dQ = dS·K: (block_m/64)·(head_dim/64) units of 64 × 64, split evenly over the warpgroups, each taking
   // consecutive units of one 64-row chunk (one wgmma of N = 64·units).

@@ -10,6 +10,7 @@
 #include "cuda/sm90/bwd/mma.cuh"
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
+#include "cuda/sm90/tiles.cuh"
 
 namespace fa4::sm90 {
 namespace {
@@ -24,7 +25,7 @@ __device__ __forceinline__ BwdRole bwd_role_of(int warpgroup) {
 template <ptx::WgmmaInput In, int Row>
 __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
   using Config = BwdConfig<Row>;
-  BwdSharedStorage<Row>& smem = bwd_shared_storage<Row>();
+  BwdSharedStorage<Row>& smem = ptx::sw128_aligned_dynamic_smem<BwdSharedStorage<Row>>();
   if (threadIdx.x == 0) {
     // K/V and each Q stage fill by TMA bytes after the producer's single arrival; a Q stage is free once every
     // consumer thread has released it (after the wgmma wait that ends the GEMMs' reads, and its own LSE₂/D reads).
@@ -49,27 +50,12 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
   bwd_epilogue_role<In, Config::kHeadDim, Config::kBlockN>(p, work, consumer, dk, dv);
 }
 
-template <DType Dtype>
-constexpr ptx::WgmmaInput bwd_wgmma_input() {
-  static_assert(Dtype == DType::bf16 || Dtype == DType::f16, "the sm90 kernels take bf16 or fp16");
-  return Dtype == DType::bf16 ? ptx::WgmmaInput::bf16 : ptx::WgmmaInput::f16;
-}
-
 template <DType Dtype, int HeadDim>
 cudaError_t launch_instance(const BwdParams& p, uint32_t grid, cudaStream_t stream) {
   constexpr int kRow = bwd_row(HeadDim);
   static_assert(kRow >= 0, "a bwd head dim of instances.def has no row in kBwdTiles (bwd/config.hpp)");
-  auto* kernel = bwd_kernel<bwd_wgmma_input<Dtype>(), kRow>;
-  constexpr uint32_t smem = bwd_smem_bytes<kRow>();
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      e != cudaSuccess)
-    return e;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(BwdConfig<kRow>::kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  return cudaLaunchKernelEx(&config, kernel, p);
+  return launch_with_dynamic_smem(bwd_kernel<wgmma_input<Dtype>(), kRow>, grid, BwdConfig<kRow>::kThreads,
+                                  bwd_smem_bytes<kRow>(), stream, p);
 }
 
 }  // namespace

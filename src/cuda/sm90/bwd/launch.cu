@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <optional>
 #include <string>
 
 #include "cuda/sm90/bwd/config.hpp"
@@ -12,8 +13,6 @@
 
 namespace fa4::sm90 {
 namespace {
-
-constexpr int kSeq = 1, kHeads = 2, kBatch = 0;  // Tensor dims: [batch, seqlen, heads, head_dim]
 
 StridedRows strided_rows(const Tensor& t) {
   StridedRows r;
@@ -55,25 +54,12 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
 
   const DeviceGuard device(call, q.device_index);
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
-  auto check = [&](cudaError_t e, const char* what) {
-    if (e != cudaSuccess)
-      throw Error(Status::cuda_error, std::string(call) + ": " + what + ": " + cudaGetErrorName(e) + " (" +
-                                          cudaGetErrorString(e) + ")");
-  };
-
-  // The workspace: the caller's, or stream-ordered memory freed on every path (CUDA-graph capture records the
-  // allocation and the free as graph nodes).
-  struct StreamOrderedBuffer {
-    void* ptr = nullptr;
-    cudaStream_t stream = nullptr;
-    ~StreamOrderedBuffer() {
-      if (ptr != nullptr) cudaFreeAsync(ptr, stream);
-    }
-  } owned{nullptr, cu_stream};
+  // The workspace: the caller's, or stream-ordered memory (freed on every path).
+  std::optional<StreamOrderedBuffer> owned;
   uint8_t* base = static_cast<uint8_t*>(workspace.data);
   if (base == nullptr) {
-    check(cudaMallocAsync(&owned.ptr, layout.bytes, cu_stream), "cudaMallocAsync of the backward workspace");
-    base = static_cast<uint8_t*>(owned.ptr);
+    owned.emplace(call, layout.bytes, cu_stream, "the backward workspace");
+    base = static_cast<uint8_t*>(owned->get());
   }
   if (reinterpret_cast<uintptr_t>(base) % 256 != 0)
     throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected a 256-byte aligned "
@@ -101,7 +87,8 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   pp.block_m = tile.block_m;
   pp.turns_per_tile = tile.block_n / kWgmmaM;
   pp.scale = p.scale;
-  if (p.seqlen_q > 0) check(launch_bwd_preprocess(p.dtype, pp, p.batch, cu_stream), "backward preprocess launch");
+  if (p.seqlen_q > 0)
+    throw_if_cuda_error(call, launch_bwd_preprocess(p.dtype, pp, p.batch, cu_stream), "backward preprocess launch");
 
   if (p.seqlen_k > 0) {
     BwdParams params;
@@ -122,22 +109,20 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     params.seqlen_k = int32_t(p.seqlen_k);
     params.heads_q = int32_t(p.heads_q);
     params.heads_kv = int32_t(p.heads_kv);
-    params.batch = int32_t(p.batch);
     params.group = int32_t(p.group());
     params.n_blocks = int32_t(n_blocks);
     params.mask = p.mask;
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;
     params.deterministic = p.deterministic;
-    check(launch_bwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(n_blocks * p.heads_kv * p.batch), cu_stream),
-          "sm_90a backward launch failed");
+    throw_if_cuda_error(call,
+                        launch_bwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(n_blocks * p.heads_kv * p.batch),
+                                          cu_stream),
+                        "sm_90a backward launch failed");
   }
-  if (p.seqlen_q > 0) check(launch_bwd_postprocess(p.dtype, pp, p.batch, cu_stream), "backward postprocess launch");
-  if (owned.ptr != nullptr) {
-    const cudaError_t e = cudaFreeAsync(owned.ptr, cu_stream);
-    owned.ptr = nullptr;
-    check(e, "cudaFreeAsync of the backward workspace");
-  }
+  if (p.seqlen_q > 0)
+    throw_if_cuda_error(call, launch_bwd_postprocess(p.dtype, pp, p.batch, cu_stream), "backward postprocess launch");
+  if (owned) owned->free(call);
 }
 
 }  // namespace fa4::sm90

@@ -162,7 +162,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       Scores s, dp;
       issue_qk<In, HeadDim, BlockM>(s, k_rows, kKvChunkBytes, q_tile);
       issue_qk<In, HeadDim, BlockM>(dp, v_rows, kKvChunkBytes, dout_tile);
-      const bool masked = !bwd_tile_fully_visible<BlockM, BlockN>(p, m_block, work.n_block);
+      const bool masked = !tile_pair_fully_visible<BlockM, BlockN>(p.mask, m_block, work.n_block);
       softmax_grad_tile<BlockM>(p, s, dp, smem.lse_log2[stage.index], smem.dsum[stage.index], key,
                                 int64_t(m_block) * BlockM, col_base, masked);
 

@@ -37,7 +37,7 @@ struct BwdParams {
   BwdWorkspace ws;
   StridedRows dk, dv;  // [batch, seqlen_k, heads_kv, head_dim]
 
-  int32_t seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0, batch = 0;
+  int32_t seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
   int32_t group = 1;     // query heads per kv head
   int32_t n_blocks = 0;  // key blocks of block_n per (batch, kv head); grid = n_blocks · heads_kv · batch
   num::Mask mask;

@@ -35,14 +35,6 @@ constexpr uint32_t bwd_smem_bytes() {
   return uint32_t(sizeof(BwdSharedStorage<Row>)) + kSmemAlignSlack;
 }
 
-#if defined(__CUDACC__)
-template <int Row>
-__device__ __forceinline__ BwdSharedStorage<Row>& bwd_shared_storage() {
-  extern __shared__ uint8_t bwd_dynamic_smem[];
-  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(bwd_dynamic_smem));
-  return *reinterpret_cast<BwdSharedStorage<Row>*>(bwd_dynamic_smem + ((1024u - (addr & 1023u)) & 1023u));
-}
-#endif
 
 template <int... Rows>
 constexpr bool every_bwd_row_fits(std::integer_sequence<int, Rows...>) {

@@ -66,14 +66,5 @@ __device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, int32_t n_bloc
   return n_block - first;
 }
 
-// Whether every (query, key) of the tile pair is visible (then no per-element predicate): keys inside
-// seqlen_k and inside every valid row's window. Rows past seqlen_q have LSE₂ = +inf (P = 0) and do not count.
-template <int BlockM, int BlockN>
-__device__ __forceinline__ bool bwd_tile_fully_visible(const BwdParams& p, int32_t m_block, int32_t n_block) {
-  const int64_t row0 = int64_t(m_block) * BlockM;
-  const int64_t row_last = (row0 + BlockM < p.seqlen_q ? row0 + BlockM : int64_t(p.seqlen_q)) - 1;
-  const int64_t key0 = int64_t(n_block) * BlockN, key_end = key0 + BlockN;
-  return key_end <= p.seqlen_k && key0 >= p.mask.key_begin(row_last) && key_end <= p.mask.key_end(row0);
-}
 
 }  // namespace fa4::sm90
