@@ -3,8 +3,7 @@
 
 Implementations (--impls):
   fa4         fa4.flash_attn_func (the sm_90a kernels; its autograd runs the custom op fa4::backward); where
-              fa4.supports refuses a shape (the CUDA backward has head dims 64 and 128 for now) a note with the
-              library's reason, no row
+              fa4.supports refuses a shape, a note with the library's reason, no row
   sdpa-cudnn  torch SDPA, cuDNN backend   (sdpa_kernel(SDPBackend.CUDNN_ATTENTION))
   sdpa-flash  torch SDPA, FLASH backend   (sdpa_kernel(SDPBackend.FLASH_ATTENTION): FlashAttention-2)
   flex        FlexAttention, torch.compile'd (causal through a block mask); by default only at --flex-seqlens
@@ -503,7 +502,7 @@ def dry_run(args, run):
                             run.skip(impl, pass_name, d, seqlen, causal, "not at this seqlen (--flex-seqlens)",
                                      quiet=True)
                             continue
-                        if impl in ("fa4", "fa4-det") and pass_name == "bwd" and d not in (64, 128):
+                        if impl in ("fa4", "fa4-det") and pass_name == "bwd" and d not in (64, 128, 192, 256):
                             run.skip(impl, pass_name, d, seqlen, causal,
                                      f"unsupported: dry-run placeholder (no CUDA backward for head_dim {d})")
                             continue

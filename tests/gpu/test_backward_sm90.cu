@@ -181,7 +181,7 @@ TEST(GpuBackwardSm90, SweepEveryInstance) {
 // Strides instead of copies: [b, h, s, d] storage, stride-0 broadcast K/V (dK, dV are per kv head).
 TEST(GpuBackwardSm90, LayoutsThroughStrides) {
   REQUIRE_SM90();
-  for (int d : {64, 128}) {
+  for (int d : {64, 128, 192, 256}) {
     BwdCase c;
     c.head_dim = d;
     c.batch = 2, c.seqlen_q = 130, c.seqlen_k = 257, c.heads_q = 4, c.heads_kv = 2;
@@ -200,7 +200,7 @@ TEST(GpuBackwardSm90, LayoutsThroughStrides) {
 // Long enough that many key blocks add into the same dQ rows, and many query tiles pass one key block.
 TEST(GpuBackwardSm90, LongSequence) {
   REQUIRE_SM90();
-  for (int d : {64, 128})
+  for (int d : {64, 128, 192, 256})
     for (bool causal : {false, true}) {
       BwdCase c;
       c.head_dim = d;
@@ -215,7 +215,7 @@ TEST(GpuBackwardSm90, LongSequence) {
 // A small case for compute-sanitizer (scripts/device-check): GQA, causal, tails on both sides.
 TEST(GpuBackwardSm90, Small) {
   REQUIRE_SM90();
-  for (int d : {64, 128}) {
+  for (int d : {64, 128, 192, 256}) {
     BwdCase c;
     c.head_dim = d;
     c.batch = 1, c.seqlen_q = 150, c.seqlen_k = 300, c.heads_q = 2, c.heads_kv = 1;
@@ -226,12 +226,12 @@ TEST(GpuBackwardSm90, Small) {
 }
 
 // Deterministic mode: dQ slabs are added in key-block order, so 100 runs give the same bits (dK and dV are
-// summed in registers and always are); and the result is still right. Many key blocks per query tile (2k
-// keys / 128), GQA (the CTA walks two query heads), causal and not; and a sliding window over 4k keys with
+// summed in registers and always are); and the result is still right; d = 256 takes the column-split kernel
+// (dQ added from registers). Many key blocks per query tile (2k keys / 128), GQA (the CTA walks two query heads), causal and not; and a sliding window over 4k keys with
 // more CTAs (256) than the GPU holds at once, where a key block's turn is not its index.
 TEST(GpuBackwardSm90, DeterministicIsBitwiseReproducible) {
   REQUIRE_SM90();
-  for (int d : {64, 128})
+  for (int d : {64, 128, 256})
     for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
       BwdCase c;
       c.head_dim = d;
@@ -275,13 +275,18 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   };
   const fa4::Tensor& x = t.desc();
   EXPECT_TRUE(fa4::supports(fa4::Pass::backward, x, x, x).ok);
-  fa4::Tensor x256 = x;  // a head dim with a forward kernel but no backward one
+  fa4::Tensor x80 = x;  // a head dim without a CUDA kernel: refused, not sent to the CPU
+  x80.shape = {1, 16, 2, 80};
+  x80.stride = {16 * 2 * 80, 2 * 80, 80, 1};
+  const fa4::Support s80 = fa4::supports(fa4::Pass::backward, x80, x80, x80);
+  EXPECT_FALSE(s80.ok);
+  EXPECT_EQ(s80.code, fa4::Status::unsupported);
+  EXPECT_NE(s80.reason.find("'q'"), std::string::npos) << s80.reason;
+  EXPECT_NE(s80.reason.find("head_dim 80"), std::string::npos) << s80.reason;
+  fa4::Tensor x256 = x;  // every forward head dim has a backward kernel
   x256.shape = {1, 16, 2, 256};
-  const fa4::Support s256 = fa4::supports(fa4::Pass::backward, x256, x256, x256);
-  EXPECT_FALSE(s256.ok);
-  EXPECT_EQ(s256.code, fa4::Status::unsupported);
-  EXPECT_NE(s256.reason.find("'q'"), std::string::npos) << s256.reason;
-  EXPECT_TRUE(fa4::supports(fa4::Pass::forward, x256, x256, x256).ok);
+  x256.stride = {16 * 2 * 256, 2 * 256, 256, 1};
+  EXPECT_TRUE(fa4::supports(fa4::Pass::backward, x256, x256, x256).ok);
   fa4::Tensor dout_bad = x;  // a seqlen stride of 132 elements: not a multiple of 16 bytes
   dout_bad.shape = {1, 32, 2, 64};
   dout_bad.stride = {32 * 132, 132, 64, 1};

@@ -8,7 +8,7 @@ To add a shape: add N to SHAPES and run  python3 src/cuda/ptx/gen_wgmma_shapes.p
 import pathlib
 
 # The N values of the forward tile table (reference/fa3.md §2.1): kBlockN for S = Q·Kᵀ, head dims for O = P·V.
-SHAPES = [64, 80, 96, 112, 128, 144, 176, 192, 256]
+SHAPES = [32, 64, 80, 96, 112, 128, 144, 176, 192, 256]
 TYPES = [("bf16", "bf16"), ("f16", "f16")]  # (C++ name suffix, PTX type)
 
 

@@ -66,17 +66,18 @@ __device__ __forceinline__ void load_tile(uint8_t* smem_tile, const CUtensorMap*
 }
 
 // Issues S = Q·Kᵀ over head_dim / 16 k-steps (one commit group); the caller waits. q_rows: this warpgroup's
-// 64 rows inside the Q tile, whose head-dim chunks are q_chunk_bytes apart; K tile [chunks][block_n][128 B].
+// 64 rows inside the Q tile, whose head-dim chunks are q_chunk_bytes apart; K tile [chunks][block_n][128 B]
+// (k_chunk_bytes apart when the N = BlockN rows are part of a taller tile).
 template <ptx::WgmmaInput In, int HeadDim, int BlockN>
 __device__ __forceinline__ void issue_qk(ptx::WgmmaAccumulator<BlockN>& s, uint32_t q_rows, uint32_t q_chunk_bytes,
-                                         uint32_t k_tile) {
+                                         uint32_t k_tile, uint32_t k_chunk_bytes = uint32_t(BlockN) * 128u) {
   ptx::wgmma_fence_operand(s);
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < HeadDim / 16; ++kk) {
     // k-step kk: chunk kk/4, 32 bytes per k-step of 16 elements inside the 128-byte row.
     const auto a = ptx::sw128_k_major_desc(q_rows + (kk / 4) * q_chunk_bytes + (kk % 4) * 32u);
-    const auto b = ptx::sw128_k_major_desc(k_tile + (kk / 4) * uint32_t(BlockN) * 128u + (kk % 4) * 32u);
+    const auto b = ptx::sw128_k_major_desc(k_tile + (kk / 4) * k_chunk_bytes + (kk % 4) * 32u);
     ptx::wgmma_ss<In, ptx::Major::k, ptx::Major::k>(s, a, b, /*accumulate=*/kk > 0);
   }
   ptx::wgmma_commit_group();

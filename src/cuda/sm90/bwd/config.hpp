@@ -13,8 +13,15 @@
 // |    64    |   128   |   128   |   2    | 16 + 16 + 2·(16 + 16) + 2·32 + 2·16 = 192 KiB            | 32 32 64 64          |
 // |   128    |    64   |   128   |   2    | 32 + 32 + 2·(16 + 16) + 2·16 + 2·16 = 192 KiB            | 64 64 32 32          |
 //
-// Head dims 192 and 256 need dK and dV split over the warpgroups by columns (d regs per thread do not fit):
-// not rows of this table yet.
+// Head dims 192 and 256 do not fit that plan (dK and dV of 64 keys would take d registers per thread), so their
+// rows split the head dim instead (column_split, mma_wide.cuh): both warpgroups share the CTA's 64 keys; each
+// computes Sᵀ and dPᵀ for half of the tile's 64 queries (N = 32) and writes Pᵀ and dSᵀ to shared memory, then
+// computes dV, dK and dQ for its head-dim chunks (d = 256: two each; d = 192: two and one) with both operands
+// in shared memory, and adds its dQ straight from registers (red.global.add.v4.f32: no staging buffer, so two
+// stages of Q and dO fit).
+// | head_dim | block_m | block_n | stages | smem: K + V + stages·(Q + dO) + 2 (Pᵀ + dSᵀ)            | regs (dK dV dQ Sᵀ dPᵀ) |
+// |   192    |    64   |    64   |   2    | 24 + 24 + 2·(24 + 24) + 2·(8 + 8) = 176 KiB              | 64 64 64 16 16 (max) |
+// |   256    |    64   |    64   |   2    | 32 + 32 + 2·(32 + 32) + 2·(8 + 8) = 224 KiB              | 64 64 64 16 16       |
 #pragma once
 
 #include <cstddef>
@@ -29,13 +36,19 @@ struct BwdTile {
   int block_m;  // query rows per step of the walk
   int block_n;  // keys per CTA = 64 · consumer warpgroups
   int stages;   // depth of the Q/dO/LSE/D ring
+  bool column_split = false;  // the warpgroups share the keys and split the head dim (mma_wide.cuh)
 };
 
 inline constexpr BwdTile kBwdTiles[] = {
     {64, 128, 128, 2},
     {128, 64, 128, 2},
+    {192, 64, 64, 2, true},
+    {256, 64, 64, 2, true},
 };
 inline constexpr int kBwdRows = int(sizeof(kBwdTiles) / sizeof(kBwdTiles[0]));
+
+// Consumer warpgroups of a row: one per 64 keys, or two sharing the keys when the head dim is split.
+constexpr int bwd_consumer_warpgroups(const BwdTile& t) { return t.column_split ? 2 : t.block_n / 64; }
 
 constexpr int bwd_row(int head_dim) {
   for (int r = 0; r < kBwdRows; ++r)
@@ -73,7 +86,7 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(int row, int64_t batch, int64_
   w.lse_log2 = align_up_256(pairs * rows * size_t(t.head_dim) * 4);
   w.dsum = align_up_256(w.lse_log2 + pairs * rows * 4);
   w.dq_turn = align_up_256(w.dsum + pairs * rows * 4);
-  w.bytes = align_up_256(w.dq_turn + pairs * (rows / size_t(t.block_m)) * size_t(t.block_n / 64) * 4);
+  w.bytes = align_up_256(w.dq_turn + pairs * (rows / size_t(t.block_m)) * size_t(bwd_consumer_warpgroups(t)) * 4);
   return w;
 }
 
@@ -94,39 +107,49 @@ struct BwdConfig {
   static constexpr int kBlockM = kTile.block_m;
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
-  static constexpr int kConsumerWarpgroups = kBlockN / kWgmmaM;
+  static constexpr bool kColumnSplit = kTile.column_split;
+  static constexpr int kConsumerWarpgroups = bwd_consumer_warpgroups(kTile);
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
   static constexpr int kProducerRegisters = 24;
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;
 
   // dQ = dS·K: (block_m/64)·(head_dim/64) units of 64 × 64, split evenly over the warpgroups, each taking
-  // consecutive units of one 64-row chunk (one wgmma of N = 64·units).
+  // consecutive units of one 64-row chunk (one wgmma of N = 64·units). Column-split rows: a warpgroup's units
+  // are its head-dim chunks (the first warpgroup takes the odd one at d = 192).
   static constexpr int kDqUnits = (kBlockM / kDqUnitRows) * (kHeadDim / kDqUnitCols);
-  static constexpr int kDqUnitsPerWarpgroup = kDqUnits / kConsumerWarpgroups;
+  static constexpr int kDqUnitsPerWarpgroup = kColumnSplit ? 1 : kDqUnits / kConsumerWarpgroups;
   static constexpr int kDqN = kDqUnitsPerWarpgroup * kDqUnitCols;
+  // Column-split rows: warpgroup c owns head-dim chunks [first, first + count) and queries [32c, 32c + 32) of
+  // each tile's Sᵀ, dPᵀ.
+  static constexpr int kWideChunks0 = (kHeadDimChunks + 1) / 2;
+  static constexpr int kScoreQueries = kColumnSplit ? kBlockM / 2 : kBlockM;
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;   // Q or dO
   static constexpr uint32_t kKvTileBytes = uint32_t(kBlockN) * kHeadDim * kElementBytes;  // K or V
   static constexpr uint32_t kDsTileBytes = uint32_t(kBlockN) * kBlockM * kElementBytes;
   static constexpr uint32_t kRowVectorBytes = uint32_t(kBlockM) * 4;                       // LSE₂ or D
   static constexpr uint32_t kQStageBytes = 2 * kQTileBytes + 2 * kRowVectorBytes;         // what one stage receives
-  static constexpr uint32_t kDqStagingBytes = uint32_t(kDqUnitsPerWarpgroup) * kDqUnitFloats * 4;
+  static constexpr uint32_t kDqStagingBytes = kColumnSplit ? 0u : uint32_t(kDqUnitsPerWarpgroup) * kDqUnitFloats * 4;
 
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kBwdMaxConsumerWarpgroups,
                 "named barrier ids exist for up to two consumer warpgroups");
-  static_assert(kBlockN % kWgmmaM == 0, "every consumer warpgroup owns 64 keys");
+  static_assert(kColumnSplit ? kBlockN == kWgmmaM : kBlockN % kWgmmaM == 0,
+                "every consumer warpgroup owns 64 keys (column-split rows: the same 64)");
+  static_assert(!kColumnSplit || (kBlockM == 64 && kScoreQueries % 16 == 0),
+                "column-split rows: one 64-query swizzle row of Pᵀ/dSᵀ, halves of whole 16-query k-blocks");
   static_assert(kBlockM % kSw128Columns == 0, "dSᵀ rows are whole 128-byte swizzle rows of 64 queries");
   static_assert(kHeadDim % kSw128Columns == 0, "the head dim is whole 128-byte swizzle rows (64 elements)");
-  static_assert(kDqUnits % kConsumerWarpgroups == 0, "the dQ units split evenly over the warpgroups");
-  static_assert((kHeadDim / kDqUnitCols) % kDqUnitsPerWarpgroup == 0,
+  static_assert(kColumnSplit || kDqUnits % kConsumerWarpgroups == 0, "the dQ units split evenly over the warpgroups");
+  static_assert(kColumnSplit || (kHeadDim / kDqUnitCols) % kDqUnitsPerWarpgroup == 0,
                 "a warpgroup's dQ units lie in one 64-row chunk (one wgmma)");
   static_assert(kBlockM <= 256 && kBlockN <= 256, "TMA boxes have at most 256 rows; wgmma N at most 256");
   static_assert(kStages >= 2, "the ring needs two stages so loads overlap compute");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
                 "setmaxnreg budgets exceed the register file");
-  // Live accumulators of a consumer thread: dK, dV (head_dim/2 each), Sᵀ and dPᵀ (block_m/2 each).
-  static constexpr int kAccumulatorRegisters = kHeadDim + kBlockM;
+  // Live accumulators of a consumer thread: dK, dV (head_dim/2 each), Sᵀ and dPᵀ (block_m/2 each); column-split
+  // rows: dK, dV and dQ (32 per owned chunk each; Sᵀ and dPᵀ, 16 each, are dead once dQ is issued).
+  static constexpr int kAccumulatorRegisters = kColumnSplit ? 3 * 32 * kWideChunks0 : kHeadDim + kBlockM;
   static_assert(kAccumulatorRegisters <= kConsumerRegisters - 40, "accumulators would leave too few registers");
 };
 

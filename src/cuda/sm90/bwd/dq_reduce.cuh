@@ -14,6 +14,7 @@
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/named_barrier.cuh"
+#include "cuda/ptx/red.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/bwd/params.hpp"
@@ -39,12 +40,18 @@ __device__ __forceinline__ void wait_for_turn(::cuda::atomic_ref<int32_t, ::cuda
 #endif
 }
 
+// Deterministic mode's turn counter of (pair, query tile m_block, slot): one per warpgroup slab of the tile.
+template <class Config>
+__device__ __forceinline__ int32_t& dq_turn_counter(const BwdParams& p, int64_t pair, int32_t m_block, int slot) {
+  return p.ws.dq_turn[(pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups + slot];
+}
+
 template <int Row>
 class DqReducer {
  public:
   using Config = BwdConfig<Row>;
   __device__ DqReducer(BwdSharedStorage<Row>& smem, int consumer)
-      : staging_(smem.dq_staging[consumer]),
+      : staging_(smem.scratch.dq_staging[consumer]),
         barrier_(static_cast<uint32_t>(BwdBarrier::first_dq_staging) + uint32_t(consumer)),
         first_unit_(consumer * Config::kDqUnitsPerWarpgroup) {}
 
@@ -76,8 +83,7 @@ class DqReducer {
     }
     const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block);
     ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-        p.ws.dq_turn[(pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups +
-                     first_unit_ / Config::kDqUnitsPerWarpgroup]);
+        dq_turn_counter<Config>(p, pair, m_block, first_unit_ / Config::kDqUnitsPerWarpgroup));
     wait_for_turn(counter, turn);
     ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
     ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
@@ -96,6 +102,57 @@ class DqReducer {
   float* staging_;
   uint32_t barrier_;
   int first_unit_;
+};
+
+// dQ accumulation of a column-split warpgroup (its 64 queries × its head-dim chunks, straight from the
+// registers): every thread adds its accumulator's register groups with red.global.add.v4.f32, 512 contiguous
+// bytes per warp instruction (the workspace units are in accumulator order). No staging buffer, so the Q/dO
+// ring keeps two stages at d = 256. Deterministic mode: thread 0 waits for the turn, the warpgroup adds, every
+// thread fences its adds, and after the warpgroup barrier thread 0 passes the turn on (release).
+template <int Row>
+class DqRegisterAdder {
+ public:
+  using Config = BwdConfig<Row>;
+  static_assert(Config::kColumnSplit && Config::kBlockM == kDqUnitRows, "one 64-row dQ chunk per query tile");
+  __device__ DqRegisterAdder(int consumer, int first_chunk)
+      : barrier_(static_cast<uint32_t>(BwdBarrier::first_dq_staging) + uint32_t(consumer)),
+        consumer_(consumer),
+        first_chunk_(first_chunk) {}
+
+  template <int N>
+  __device__ void add(const BwdParams& p, const ptx::WgmmaAccumulator<N>& dq, int64_t pair, int32_t m_block,
+                      int32_t n_block) const {
+    const int thread = threadIdx.x % kWarpgroupThreads;
+    float* units = p.ws.dq_accum +
+                   ((pair * (p.ws.rows_padded / kDqUnitRows) + m_block) * Config::kHeadDimChunks + first_chunk_) *
+                       int64_t(kDqUnitFloats) +
+                   thread * 4;
+    if (!p.deterministic) {
+      add_all(units, dq);
+      return;
+    }
+    ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
+        dq_turn_counter<Config>(p, pair, m_block, consumer_));
+    if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block));
+    ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
+    add_all(units, dq);
+    __threadfence();
+    ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
+    if (thread == 0) counter.fetch_add(1, ::cuda::memory_order_release);
+  }
+
+ private:
+  // Register group g (4 floats) of unit g / 8 lies at group g % 8 of that unit: base + 512 floats · g.
+  template <int N>
+  __device__ static void add_all(float* units, const ptx::WgmmaAccumulator<N>& dq) {
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g)
+      ptx::red_global_add_v4(units + g * kWarpgroupThreads * 4, dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2],
+                             dq.reg[4 * g + 3]);
+  }
+
+  uint32_t barrier_;
+  int consumer_, first_chunk_;
 };
 
 }  // namespace fa4::sm90

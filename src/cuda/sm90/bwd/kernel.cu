@@ -1,6 +1,6 @@
 // The sm_90a backward main kernel: sets up the barriers, then hands each warpgroup to its role. No math here;
-// the roles live in load.cuh (TMA producer), mma.cuh (the five GEMMs, P and dS; dQ through dq_reduce.cuh) and
-// epilogue.cuh (dK, dV). Instantiated for the sm90 bwd rows of src/cuda/instances.def.
+// the roles live in load.cuh (TMA producer), mma.cuh (the five GEMMs, P and dS; dQ through dq_reduce.cuh),
+// mma_wide.cuh (the same for the column-split rows, d = 192 and 256) and epilogue.cuh (dK, dV). Instantiated for the sm90 bwd rows of src/cuda/instances.def.
 #include <cuda_runtime.h>
 
 #include "cuda/ptx/setmaxnreg.cuh"
@@ -8,6 +8,7 @@
 #include "cuda/sm90/bwd/kernel.hpp"
 #include "cuda/sm90/bwd/load.cuh"
 #include "cuda/sm90/bwd/mma.cuh"
+#include "cuda/sm90/bwd/mma_wide.cuh"
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
 #include "cuda/sm90/tiles.cuh"
@@ -16,7 +17,7 @@ namespace fa4::sm90 {
 namespace {
 
 // Warpgroup 0 produces (its warp 0 issues every load; it gives registers back and its other warps exit),
-// warpgroups 1 .. block_n/64 each own 64 keys.
+// warpgroups 1 .. block_n/64 each own 64 keys (column-split rows: warpgroups 1 and 2 share them).
 enum class BwdRole { load, mma_epilogue };
 __device__ __forceinline__ BwdRole bwd_role_of(int warpgroup) {
   return warpgroup == 0 ? BwdRole::load : BwdRole::mma_epilogue;
@@ -43,11 +44,21 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
   }
   ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
   const int consumer = warpgroup - 1;
-  ptx::WgmmaAccumulator<Config::kHeadDim> dk, dv;
+  if constexpr (Config::kColumnSplit) {
+    // The head-dim chunks split over the two warpgroups (the first takes the odd one at d = 192).
+    constexpr int kChunks0 = Config::kWideChunks0, kChunks1 = Config::kHeadDimChunks - kChunks0;
+    if (consumer == 0)
+      bwd_wide_consumer<In, Row, kChunks0>(p, smem, work, 0, 0);
+    else
+      bwd_wide_consumer<In, Row, kChunks1>(p, smem, work, 1, kChunks0);
+  } else {
+    ptx::WgmmaAccumulator<Config::kHeadDim> dk, dv;
 #pragma unroll
-  for (int i = 0; i < Config::kHeadDim / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
-  if (!work.empty()) bwd_mma_role<In, Row>(p, smem, work, consumer, dk, dv);
-  bwd_epilogue_role<In, Config::kHeadDim, Config::kBlockN>(p, work, consumer, dk, dv);
+    for (int i = 0; i < Config::kHeadDim / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
+    if (!work.empty()) bwd_mma_role<In, Row>(p, smem, work, consumer, dk, dv);
+    bwd_epilogue_role<In, Config::kHeadDim>(p, work, int64_t(work.n_block) * Config::kBlockN + consumer * kWgmmaM, 0,
+                                            dk, dv);
+  }
 }
 
 template <DType Dtype, int HeadDim>

@@ -85,7 +85,7 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   pp.heads_q = int32_t(p.heads_q);
   pp.head_dim = int32_t(p.head_dim);
   pp.block_m = tile.block_m;
-  pp.turns_per_tile = tile.block_n / kWgmmaM;
+  pp.turns_per_tile = bwd_consumer_warpgroups(tile);
   pp.scale = p.scale;
   if (p.seqlen_q > 0)
     throw_if_cuda_error(call, launch_bwd_preprocess(p.dtype, pp, p.batch, cu_stream), "backward preprocess launch");

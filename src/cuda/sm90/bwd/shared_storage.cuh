@@ -1,10 +1,11 @@
 // The backward main kernel's shared memory: the CTA's K and V tiles (loaded once), the Q/dO/LSE₂/D ring, the
 // two dSᵀ buffers (written by the consumers, read by dQ = dS·K) and each consumer's dQ staging for the bulk
-// reduce-add. Q, dO, K, V are the TMA image [head_dim/64 chunks][rows][128 B], 128B-swizzled; dSᵀ is
+// reduce-add (column-split rows: two Pᵀ buffers instead). Q, dO, K, V are the TMA image [head_dim/64 chunks][rows][128 B], 128B-swizzled; dSᵀ is
 // [block_m/64 query chunks][block_n keys][128 B], the same swizzle, read MN-major as wgmma's A.
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "cuda/pipeline/pipeline.cuh"
@@ -12,6 +13,17 @@
 #include "cuda/sm90/bwd/config.hpp"
 
 namespace fa4::sm90 {
+
+// What the two row kinds keep beside dSᵀ: each warpgroup's dQ staging buffer (key-split rows), or Pᵀ (column-split
+// rows: both warpgroups read all of it as dV's A operand), double-buffered like dSᵀ.
+template <class Config>
+struct DqStaging {
+  alignas(16) float dq_staging[Config::kConsumerWarpgroups][Config::kDqStagingBytes / 4];
+};
+template <class Config>
+struct PtBuffers {
+  alignas(ptx::kSw128Alignment) uint8_t pt[2][Config::kDsTileBytes];
+};
 
 template <int Row>
 struct BwdSharedStorage {
@@ -23,7 +35,7 @@ struct BwdSharedStorage {
   // dSᵀ alternates between two buffers: a warpgroup writes tile t + 1's while another may still read tile t's
   // in its dQ GEMM; the ds_ready barrier of tile t + 1 orders the reuse at t + 2.
   alignas(ptx::kSw128Alignment) uint8_t ds[2][Config::kDsTileBytes];
-  alignas(16) float dq_staging[Config::kConsumerWarpgroups][Config::kDqStagingBytes / 4];
+  std::conditional_t<Config::kColumnSplit, PtBuffers<Config>, DqStaging<Config>> scratch;
   alignas(16) float lse_log2[Config::kStages][Config::kBlockM];
   alignas(16) float dsum[Config::kStages][Config::kBlockM];
   cuda::PipelineBarriers<1> kv_ring;                 // load -> mma: K and V landed (used once)

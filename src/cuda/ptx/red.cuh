@@ -1,0 +1,17 @@
+// Vector reductions to global memory that CCCL's cuda::ptx does not wrap (it has red.async to shared::cluster
+// only): red.global.add.v4.f32 (sm_90), four fp32 adds to 16 aligned contiguous bytes in one instruction,
+// performed at L2 (relaxed, gpu scope). The column-split backward adds its dQ slab this way from registers.
+#pragma once
+
+namespace fa4::ptx {
+
+__device__ __forceinline__ void red_global_add_v4(float* address, float a, float b, float c, float d) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"(address), "f"(a), "f"(b), "f"(c), "f"(d)
+               : "memory");
+#else
+  __trap();
+#endif
+}
+
+}  // namespace fa4::ptx

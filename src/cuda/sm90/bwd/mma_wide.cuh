@@ -1,0 +1,130 @@
+// Backward consumer role of the column-split rows (head dims 192 and 256, bwd/config.hpp): both warpgroups share
+// the CTA's 64 keys; warpgroup c owns `Chunks` head-dim chunks of 64 from first_chunk, and queries 32c .. 32c + 31
+// of every 64-query tile. Per query tile of the walk:
+//   Sᵀ = K·Qᵀ and dPᵀ = V·dOᵀ for its 32 queries (SS wgmma, N = 32, two commit groups),
+//   Pᵀ and dSᵀ (softmax_grad.cuh), written as 16-bit into the tile's shared Pᵀ and dSᵀ buffers; once both
+//     warpgroups have (ds_ready), with all operands in shared memory:
+//   dQ[64 queries][own chunks] = dS·K (A = dSᵀ read MN-major, B = K MN-major), its own commit group, issued first
+//     so the adds of dQ (red.global.add from registers, dq_reduce.cuh) overlap the next two,
+//   dV[keys][own chunks] += Pᵀ·dO and dK += dSᵀ·Q (A K-major from the Pᵀ/dSᵀ buffers, B MN-major),
+//   then releases the stage. Pᵀ and dSᵀ alternate between two buffers each: ds_ready of tile t + 1 comes after
+//   both warpgroups' waits for tile t's GEMMs, so tile t + 2 may overwrite tile t's buffers.
+// dK, dV of the owned chunks stay in registers over the whole walk; the epilogue stores them.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/pipeline/pipeline.cuh"
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/named_barrier.cuh"
+#include "cuda/ptx/swizzle.hpp"
+#include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/bwd/dq_reduce.cuh"
+#include "cuda/sm90/bwd/epilogue.cuh"
+#include "cuda/sm90/bwd/shared_storage.cuh"
+#include "cuda/sm90/bwd/softmax_grad.cuh"
+#include "cuda/sm90/bwd/work.cuh"
+#include "cuda/sm90/tiles.cuh"
+
+namespace fa4::sm90 {
+
+// acc (+)= A·B over KSteps k-steps of 16, both operands in shared memory, one commit group. A is MajorA (a_step:
+// bytes per k-step), B is MN-major [chunks][rows][128 B] (a k-step of 16 rows is 2048 bytes; its 64-column
+// chunks b_chunk_bytes apart).
+template <ptx::WgmmaInput In, ptx::Major MajorA, int KSteps, int N>
+__device__ __forceinline__ void issue_ss_mn_b(ptx::WgmmaAccumulator<N>& acc, uint32_t a, uint32_t a_step,
+                                              uint32_t a_chunk_bytes, uint32_t b, uint32_t b_chunk_bytes,
+                                              bool accumulate) {
+#pragma unroll
+  for (int kb = 0; kb < KSteps; ++kb) {
+    const auto a_desc = MajorA == ptx::Major::k ? ptx::sw128_k_major_desc(a + kb * a_step)
+                                                : ptx::sw128_mn_major_desc(a + kb * a_step, a_chunk_bytes);
+    ptx::wgmma_ss<In, MajorA, ptx::Major::mn>(acc, a_desc, ptx::sw128_mn_major_desc(b + kb * 2048u, b_chunk_bytes),
+                                              accumulate || kb > 0);
+  }
+  ptx::wgmma_commit_group();
+}
+
+template <ptx::WgmmaInput In, int Row, int Chunks>
+__device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedStorage<Row>& smem,
+                                                  const BwdWork& work, int consumer, int first_chunk) {
+  using Config = BwdConfig<Row>;
+  constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
+  constexpr int kQueries = Config::kScoreQueries, N = Chunks * 64;
+  constexpr uint32_t kKvChunkBytes = uint32_t(BlockN) * ptx::kSw128RowBytes;
+  constexpr uint32_t kQChunkBytes = uint32_t(BlockM) * ptx::kSw128RowBytes;
+  static_assert(Config::kColumnSplit && BlockN == kWgmmaM, "the warpgroups share one 64-key block");
+  using Scores = ptx::WgmmaAccumulator<kQueries>;  // Sᵀ, dPᵀ: 64 keys × this warpgroup's 32 queries
+
+  ptx::WgmmaAccumulator<N> dk, dv;
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
+  const int thread = threadIdx.x % kWarpgroupThreads;
+  const int64_t first_key = int64_t(work.n_block) * BlockN;
+  const int col0 = first_chunk * 64;
+  if (!work.empty()) {
+    const int64_t key0 = first_key + ptx::accumulator_row(thread, 0);
+    const int64_t key[2] = {key0, key0 + 8};
+    const int col_base = 2 * (thread % 4);
+    const int query_half = consumer * kQueries;
+    const uint32_t k_tile = smem_address(smem.k), v_tile = smem_address(smem.v);
+
+    const cuda::Pipeline<1> kv_ring(smem.kv_ring);
+    kv_ring.consumer_wait(cuda::consumer_start_state<1>());
+    const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
+    auto stage = cuda::consumer_start_state<Config::kStages>();
+    const DqRegisterAdder<Row> dq_adder(consumer, first_chunk);
+    int buffer = 0;
+    for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
+      const int64_t pair = int64_t(work.batch) * p.heads_q + h;
+      for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+        q_ring.consumer_wait(stage);
+        const uint32_t q_tile = smem_address(smem.q[stage.index]), dout_tile = smem_address(smem.dout[stage.index]);
+        const uint32_t half_rows = uint32_t(query_half) * ptx::kSw128RowBytes;
+        Scores s, dp;
+        issue_qk<In, HeadDim, kQueries>(s, k_tile, kKvChunkBytes, q_tile + half_rows, kQChunkBytes);
+        issue_qk<In, HeadDim, kQueries>(dp, v_tile, kKvChunkBytes, dout_tile + half_rows, kQChunkBytes);
+        const bool masked = !tile_pair_fully_visible<BlockM, BlockN>(p.mask, m_block, work.n_block);
+        softmax_grad_tile<kQueries>(p, s, dp, smem.lse_log2[stage.index] + query_half,
+                                    smem.dsum[stage.index] + query_half, key,
+                                    int64_t(m_block) * BlockM + query_half, col_base, masked);
+        uint8_t* pt_tile = smem.scratch.pt[buffer];
+        uint8_t* ds_tile = smem.ds[buffer];
+        store_tile16<In, kQueries, BlockN>(pt_tile, s, 0, query_half);
+        store_tile16<In, kQueries, BlockN>(ds_tile, dp, 0, query_half);
+        ptx::fence_proxy_async_shared_cta();  // the stores, before the wgmmas (async proxy) read them
+        ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::ds_ready),
+                                Config::kConsumerWarpgroups * kWarpgroupThreads);
+
+        ptx::WgmmaAccumulator<N> dq;
+        ptx::wgmma_fence_operand(dq);
+        ptx::wgmma_fence_operand(dv);
+        ptx::wgmma_fence_operand(dk);
+        ptx::wgmma_fence();
+        // dQ = dS·K: A = dSᵀ [keys][queries] read MN-major (a k-step is 16 key rows), B = K's owned chunks.
+        issue_ss_mn_b<In, ptx::Major::mn, BlockN / 16>(dq, smem_address(ds_tile), 2048u, kKvChunkBytes,
+                                                       k_tile + uint32_t(first_chunk) * kKvChunkBytes,
+                                                       kKvChunkBytes, false);
+        // dV += Pᵀ·dO, dK += dSᵀ·Q: A K-major (a k-step is 16 queries, 32 bytes of each key row).
+        issue_ss_mn_b<In, ptx::Major::k, BlockM / 16>(dv, smem_address(pt_tile), 32u, 0u,
+                                                      dout_tile + uint32_t(first_chunk) * kQChunkBytes, kQChunkBytes,
+                                                      true);
+        issue_ss_mn_b<In, ptx::Major::k, BlockM / 16>(dk, smem_address(ds_tile), 32u, 0u,
+                                                      q_tile + uint32_t(first_chunk) * kQChunkBytes, kQChunkBytes,
+                                                      true);
+        ptx::wgmma_wait_group<2>();  // dQ landed; dV and dK may still run
+        ptx::wgmma_fence_operand(dq);
+        dq_adder.add(p, dq, pair, m_block, work.n_block);
+        ptx::wgmma_wait_group<0>();
+        ptx::wgmma_fence_operand(dv);
+        ptx::wgmma_fence_operand(dk);
+        q_ring.consumer_release(stage);  // every thread: its LSE₂/D reads and the GEMMs' Q/dO reads are done
+        ++stage;
+        buffer ^= 1;
+      }
+    }
+  }
+  bwd_epilogue_role<In, N>(p, work, first_key, col0, dk, dv);
+}
+
+}  // namespace fa4::sm90

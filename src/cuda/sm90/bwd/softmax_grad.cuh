@@ -1,0 +1,100 @@
+// Pieces both backward consumer roles use (mma.cuh: warpgroups own keys; mma_wide.cuh: warpgroups share the keys
+// and split the head dim): Pᵀ and dSᵀ of a tile from Sᵀ, dPᵀ, LSE₂ and D, and their 16-bit store to shared memory.
+#pragma once
+
+#include <cstdint>
+
+#include "cuda/ptx/swizzle.hpp"
+#include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/bwd/params.hpp"
+#include "cuda/sm90/tiles.cuh"
+
+namespace fa4::sm90 {
+
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Pᵀ and dSᵀ of one tile in place (s: Sᵀ -> Pᵀ, dp: dPᵀ -> dSᵀ), for this thread's key rows key[2] and the
+// tile's queries from query0 (col_base: this thread's column-pair offset). lse/dsum: the stage's LSE₂ and D.
+// Waits for the Sᵀ group, then for the dPᵀ group.
+template <int BlockM>
+__device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, ptx::WgmmaAccumulator<BlockM>& s,
+                                                  ptx::WgmmaAccumulator<BlockM>& dp, const float* lse,
+                                                  const float* dsum, const int64_t (&key)[2], int64_t query0,
+                                                  int col_base, bool masked) {
+  // The mask seen from a key: row i sees key j iff j - offset - right <= i <= j - offset + left (each side
+  // unbounded when -1), and keys past seqlen_k see no row. Per row half, the interval of this thread's column
+  // offsets (reg_col_in_pair_block) that see it, so each element costs two 32-bit compares.
+  int32_t lo[2] = {0, 0}, hi[2] = {BlockM, BlockM};
+  if (masked) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t base = query0 + col_base;
+      int64_t first = p.mask.right >= 0 ? key[h] - p.mask.offset() - p.mask.right - base : -1;
+      int64_t last = p.mask.left >= 0 ? key[h] - p.mask.offset() + p.mask.left - base : BlockM;
+      if (key[h] >= p.seqlen_k) first = BlockM, last = -1;
+      lo[h] = int32_t(first < -1 ? -1 : (first > BlockM ? BlockM : first));
+      hi[h] = int32_t(last < -1 ? -1 : (last > BlockM ? BlockM : last));
+    }
+  }
+  auto visible = [&](int i) {
+    const int c = reg_col_in_pair_block(i), h = reg_row_half(i);
+    return c >= lo[h] && c <= hi[h];
+  };
+  ptx::wgmma_wait_group<1>();  // Sᵀ landed; dPᵀ may still run
+  ptx::wgmma_fence_operand(s);
+  if (!p.score.softcap) {
+    const float c = p.score.scale_log2;
+#pragma unroll
+    for (int g = 0; g < BlockM / 8; ++g) {
+      const float2 l = *reinterpret_cast<const float2*>(lse + 8 * g + col_base);
+#pragma unroll
+      for (int i = 4 * g; i < 4 * g + 4; ++i) s.reg[i] = visible(i) ? exp2_mufu(fmaf(s.reg[i], c, -((i & 1) ? l.y : l.x))) : 0.0f;
+    }
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(dp);
+#pragma unroll
+    for (int g = 0; g < BlockM / 8; ++g) {
+      const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * g + col_base);
+#pragma unroll
+      for (int i = 4 * g; i < 4 * g + 4; ++i) dp.reg[i] = s.reg[i] * (dp.reg[i] - ((i & 1) ? d.y : d.x));
+    }
+    return;
+  }
+  // Softcap: x = cap·tanh(s·scale/cap) in log2 units (cap_post = cap·log2e); dx/ds ∝ 1 − tanh².
+#pragma unroll
+  for (int i = 0; i < BlockM / 2; ++i) s.reg[i] = tanhf(s.reg[i] * p.score.cap_pre);
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operand(dp);
+#pragma unroll
+  for (int g = 0; g < BlockM / 8; ++g) {
+    const float2 l = *reinterpret_cast<const float2*>(lse + 8 * g + col_base);
+    const float2 d = *reinterpret_cast<const float2*>(dsum + 8 * g + col_base);
+#pragma unroll
+    for (int i = 4 * g; i < 4 * g + 4; ++i) {
+      const float t = s.reg[i];
+      const float prob = visible(i) ? exp2_mufu(fmaf(p.score.cap_post, t, -((i & 1) ? l.y : l.x))) : 0.0f;
+      dp.reg[i] = prob * (dp.reg[i] - ((i & 1) ? d.y : d.x)) * (1.0f - t * t);
+      s.reg[i] = prob;
+    }
+  }
+}
+
+// Writes a 64 × N accumulator (16-bit, as the wgmma A fragments round it) into a [cols/64 chunks][TileRows][128 B]
+// 128B-swizzled tile at rows row0.., columns col0..: the backward's Pᵀ and dSᵀ (keys are rows, queries the
+// columns). A warp's 32-bit stores hit 32 distinct banks (8 rows × 4 pairs; the swizzle spreads the rows over
+// the 16-byte chunks).
+template <ptx::WgmmaInput In, int N, int TileRows>
+__device__ __forceinline__ void store_tile16(uint8_t* tile, const ptx::WgmmaAccumulator<N>& acc, int row0, int col0) {
+  const int thread = threadIdx.x % kWarpgroupThreads;
+#pragma unroll
+  for (int i = 0; i < N / 2; i += 2) {
+    const uint32_t row = uint32_t(row0 + ptx::accumulator_row(thread, i));
+    const uint32_t col = uint32_t(col0 + ptx::accumulator_col(thread, i));
+    *reinterpret_cast<uint32_t*>(tile + (col / 64) * uint32_t(TileRows) * ptx::kSw128RowBytes +
+                                 ptx::sw128_offset(row, col % 64, 2)) = ptx::pack_rn<In>(acc.reg[i], acc.reg[i + 1]);
+  }
+}
+
+}  // namespace fa4::sm90
