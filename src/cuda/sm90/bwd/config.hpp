@@ -93,9 +93,11 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(int row, int64_t batch, int64_
 // Named barriers of the main kernel (0 is __syncthreads).
 inline constexpr int kBwdMaxConsumerWarpgroups = 2;
 enum class BwdBarrier : uint32_t {
-  ds_ready = 1,           // every consumer warpgroup has written its dSᵀ rows (before dQ = dS·K)
-  first_dq_staging = 2,   // consumer c's dQ staging buffer: first_dq_staging + c (its 128 threads)
-  end = first_dq_staging + kBwdMaxConsumerWarpgroups,
+  ds_ready = 1,         // every consumer warpgroup has written its dSᵀ rows (before dQ = dS·K)
+  first_warpgroup = 2,  // consumer c's own 128 threads: first_warpgroup + c
+  first_dq_full = first_warpgroup + kBwdMaxConsumerWarpgroups,  // consumer c's dQ slab is staged (+ the writer)
+  first_dq_empty = first_dq_full + kBwdMaxConsumerWarpgroups,   // the writer has read consumer c's staged slab
+  end = first_dq_empty + kBwdMaxConsumerWarpgroups,
 };
 static_assert(static_cast<uint32_t>(BwdBarrier::end) <= 16, "a CTA has 16 named barriers");
 
@@ -110,7 +112,7 @@ struct BwdConfig {
   static constexpr bool kColumnSplit = kTile.column_split;
   static constexpr int kConsumerWarpgroups = bwd_consumer_warpgroups(kTile);
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  static constexpr int kProducerRegisters = 24;
+  static constexpr int kProducerRegisters = 32;  // the load warp and the dQ writer warp (its turn loop)
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;
 

@@ -1,11 +1,11 @@
-// dQ accumulation of a consumer warpgroup: its fp32 slab of a tile's dQ goes to its staging buffer in the
-// accumulator order (float4 per register group and thread: contiguous, conflict-free) and one thread adds it to
-// the workspace's dQ accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32), which completes in
-// the background. The staging buffer is rewritten only after the previous reduce has read it.
-// Deterministic mode: the slabs of one query tile are added in key-block order. The issuing thread waits until
-// the tile's turn counter (workspace dq_turn, one per query tile and warpgroup slab) reaches its key block's
-// turn, adds, waits until the add has been performed, and passes the turn on (FA3's semaphore scheme). Key
-// blocks are the fastest grid dimension, so the earlier turns belong to CTAs launched earlier.
+// dQ accumulation. Key-split rows: a consumer warpgroup stages its fp32 slab of a tile in shared memory
+// (DqStager) and the dQ writer warp adds it to the workspace's accumulator with one bulk reduce-add
+// (dq_writer.cuh). Column-split rows: each thread adds its registers with red.global.add.v4.f32
+// (DqRegisterAdder). Deterministic mode: the slabs of one query tile are added in a fixed key-block order, from
+// the last key block that visits the tile down to the first (dq_turn_of); the adder waits until the tile's turn
+// counter (workspace dq_turn, one per query tile and warpgroup slab) reaches its key block's turn, adds, waits
+// until the adds are performed, and passes the turn on (FA3's semaphore scheme). Key blocks are launched from the
+// last one down, so a CTA only ever waits for CTAs launched before it.
 #pragma once
 
 #include <cstdint>
@@ -46,62 +46,37 @@ __device__ __forceinline__ int32_t& dq_turn_counter(const BwdParams& p, int64_t 
   return p.ws.dq_turn[(pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups + slot];
 }
 
+// Consumer side of a key-split warpgroup's dQ: its fp32 slab of the tile goes to its staging buffer in the
+// accumulator order (float4 per register group and thread: contiguous, conflict-free), and the dQ writer warp
+// (dq_writer.cuh) adds it to the workspace. dq_full / dq_empty (named barriers of the warpgroup's 128 threads
+// and the writer's 32) hand the buffer over and back, so the warpgroup waits only when the writer still holds
+// the previous slab: in deterministic mode the wait for a turn overlaps a whole tile of compute.
 template <int Row>
-class DqReducer {
+class DqStager {
  public:
   using Config = BwdConfig<Row>;
-  __device__ DqReducer(BwdSharedStorage<Row>& smem, int consumer)
+  static constexpr uint32_t kHandoffThreads = kWarpgroupThreads + 32;
+  __device__ DqStager(BwdSharedStorage<Row>& smem, int consumer)
       : staging_(smem.scratch.dq_staging[consumer]),
-        barrier_(static_cast<uint32_t>(BwdBarrier::first_dq_staging) + uint32_t(consumer)),
-        first_unit_(consumer * Config::kDqUnitsPerWarpgroup) {}
+        full_(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(consumer)),
+        empty_(static_cast<uint32_t>(BwdBarrier::first_dq_empty) + uint32_t(consumer)) {}
 
-  // Writes this warpgroup's slab to its staging buffer (every thread; two warpgroup barriers). On return every
-  // thread of the warpgroup is past its reads of the current Q-ring stage (the caller releases it).
   __device__ void stage(const ptx::WgmmaAccumulator<Config::kDqN>& dq) {
     const int thread = threadIdx.x % kWarpgroupThreads;
-    if (thread == 0) ptx::tma_store_wait_read<0>();  // the previous reduce has read the staging buffer
-    ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
+    if (!first_) ptx::named_barrier_sync(empty_, kHandoffThreads);  // the writer has read the previous slab
+    first_ = false;
 #pragma unroll
     for (int g = 0; g < Config::kDqN / 8; ++g)
       *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
           make_float4(dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
-    ptx::fence_proxy_async_shared_cta();
-    ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
-  }
-
-  // Adds the staged slab (query tile m_block of (batch, head) pair `pair`, key block n_block) to the
-  // accumulator: one thread issues the bulk reduce-add (in deterministic mode after its turn comes).
-  __device__ void issue(const BwdParams& p, int64_t pair, int32_t m_block, int32_t n_block) {
-    if (threadIdx.x % kWarpgroupThreads != 0) return;
-    const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit_ / Config::kHeadDimChunks;
-    const int64_t unit = (pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks +
-                         first_unit_ % Config::kHeadDimChunks;
-    if (!p.deterministic) {
-      ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
-      ptx::tma_store_commit();
-      return;
-    }
-    const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block);
-    ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-        dq_turn_counter<Config>(p, pair, m_block, first_unit_ / Config::kDqUnitsPerWarpgroup));
-    wait_for_turn(counter, turn);
-    ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
-    ptx::bulk_reduce_add(p.ws.dq_accum + unit * kDqUnitFloats, staging_, Config::kDqStagingBytes);
-    ptx::tma_store_commit();
-    ptx::tma_store_wait<0>();         // the adds are performed (global memory written) ...
-    ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the release below
-    counter.fetch_add(1, ::cuda::memory_order_release);
-  }
-
-  // Before the CTA exits: the last reduce has read shared memory and its adds have been performed.
-  __device__ void finish() const {
-    if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();
+    ptx::fence_proxy_async_shared_cta();  // the writes, before the writer's bulk reduce (async proxy) reads them
+    ptx::named_barrier_arrive(full_, kHandoffThreads);
   }
 
  private:
   float* staging_;
-  uint32_t barrier_;
-  int first_unit_;
+  uint32_t full_, empty_;
+  bool first_ = true;
 };
 
 // dQ accumulation of a column-split warpgroup (its 64 queries × its head-dim chunks, straight from the
@@ -115,7 +90,7 @@ class DqRegisterAdder {
   using Config = BwdConfig<Row>;
   static_assert(Config::kColumnSplit && Config::kBlockM == kDqUnitRows, "one 64-row dQ chunk per query tile");
   __device__ DqRegisterAdder(int consumer, int first_chunk)
-      : barrier_(static_cast<uint32_t>(BwdBarrier::first_dq_staging) + uint32_t(consumer)),
+      : barrier_(static_cast<uint32_t>(BwdBarrier::first_warpgroup) + uint32_t(consumer)),
         consumer_(consumer),
         first_chunk_(first_chunk) {}
 

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/ptx/setmaxnreg.cuh"
+#include "cuda/sm90/bwd/dq_writer.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
 #include "cuda/sm90/bwd/kernel.hpp"
 #include "cuda/sm90/bwd/load.cuh"
@@ -16,9 +17,11 @@
 namespace fa4::sm90 {
 namespace {
 
-// Warpgroup 0 produces (its warp 0 issues every load; it gives registers back and its other warps exit),
+// Warpgroup 0 produces (its warp 0 issues every load, its warp 1 adds the staged dQ slabs of key-split rows; it
+// gives registers back and its other warps exit),
 // warpgroups 1 .. block_n/64 each own 64 keys (column-split rows: warpgroups 1 and 2 share them).
 enum class BwdRole { load, mma_epilogue };
+constexpr int kLoadWarp = 0, kDqWriterWarp = 1;  // warps of the producer warpgroup (the other two exit)
 __device__ __forceinline__ BwdRole bwd_role_of(int warpgroup) {
   return warpgroup == 0 ? BwdRole::load : BwdRole::mma_epilogue;
 }
@@ -39,7 +42,10 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (bwd_role_of(warpgroup) == BwdRole::load) {
     ptx::setmaxnreg_dec<Config::kProducerRegisters>();
-    if (threadIdx.x / 32 == 0) bwd_load_role<Row>(p, smem, work);
+    const int warp = threadIdx.x / 32;
+    if (warp == kLoadWarp) bwd_load_role<Row>(p, smem, work);
+    if constexpr (!Config::kColumnSplit)
+      if (warp == kDqWriterWarp) bwd_dq_writer_role<Row>(p, smem, work);
     return;
   }
   ptx::setmaxnreg_inc<Config::kConsumerRegisters>();

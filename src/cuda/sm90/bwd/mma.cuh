@@ -5,7 +5,7 @@
 //   dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ lands (the softmax scale is applied once, to dK here and to dQ later),
 //   issues dV += Pᵀ·dO and dK += dSᵀ·Q (RS wgmma, P and dS packed to 16 bits straight from the registers),
 //   writes dSᵀ to shared memory, and once every warpgroup has (ds_ready) issues its slab of dQ = dS·K,
-//   then releases the stage and hands its dQ slab to the bulk reduce-add (dq_reduce.cuh).
+//   then releases the stage and stages its dQ slab for the dQ writer warp (dq_reduce.cuh, dq_writer.cuh).
 // dK and dV of the warpgroup's keys stay in registers over every query head of the group and every tile.
 #pragma once
 
@@ -68,10 +68,9 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
   kv_ring.consumer_wait(cuda::consumer_start_state<1>());
   const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
   auto stage = cuda::consumer_start_state<Config::kStages>();
-  DqReducer<Row> dq_reducer(smem, consumer);
+  DqStager<Row> dq_stager(smem, consumer);
   int ds_buffer = 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-    const int64_t pair = int64_t(work.batch) * p.heads_q + h;
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       q_ring.consumer_wait(stage);
       const uint32_t q_tile = smem_address(smem.q[stage.index]), dout_tile = smem_address(smem.dout[stage.index]);
@@ -105,18 +104,16 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
         ptx::wgmma_fence_operand(p_frag[kb]);
         ptx::wgmma_fence_operand(ds_frag[kb]);
       }
-      dq_reducer.stage(dq);
       // Every thread releases the stage itself: each has read LSE₂ and D with ordinary loads, and racecheck
       // pairs a read with the producer's next bulk copy only through the reading thread's own arrival (lane 0
-      // releasing for its warp after a barrier was reported as a race). Once per query tile, and before the
-      // deterministic mode's wait for its turn, so the producer refills the stage meanwhile.
+      // releasing for its warp after a barrier was reported as a race). Before the staging, which may wait for
+      // the dQ writer, so the producer refills the stage meanwhile.
       q_ring.consumer_release(stage);
       ++stage;
-      dq_reducer.issue(p, pair, m_block, work.n_block);
+      dq_stager.stage(dq);
       ds_buffer ^= 1;
     }
   }
-  dq_reducer.finish();
 }
 
 }  // namespace fa4::sm90

@@ -1,5 +1,5 @@
 // Which work a backward CTA owns and which query tiles it visits. The grid is one CTA per (key block, kv head,
-// batch), key blocks fastest (the CTAs running together read the same Q/dO from L2). A CTA walks every query
+// batch), key blocks fastest and from the last down (the CTAs running together read the same Q/dO from L2). A CTA walks every query
 // head of its kv head's group and, for each, the query tiles [begin, end) that see at least one of its keys.
 #pragma once
 
@@ -43,7 +43,7 @@ template <int BlockM, int BlockN>
 __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
   BwdWork w;
   const int32_t linear = int32_t(blockIdx.x);
-  w.n_block = linear % p.n_blocks;
+  w.n_block = p.n_blocks - 1 - linear % p.n_blocks;  // the last key block first: see dq_turn_of
   w.kv_head = (linear / p.n_blocks) % p.heads_kv;
   w.batch = linear / p.n_blocks / p.heads_kv;
   const RowInterval r = rows_seeing_key_block<BlockN>(p, w.n_block);
@@ -55,16 +55,27 @@ __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
 }
 
 // Deterministic mode: the key blocks that visit a query tile are consecutive (the row intervals move
-// monotonically with the key block), so a block's turn on the tile is its distance from the first of them.
+// monotonically with the key block), and they add their dQ slabs from the last of them down: a block's turn on
+// the tile is its distance from the last visitor. With causal masks the last visitor of a tile is the block on
+// its diagonal, whose walk starts there, so every CTA's first tile needs no wait and the chains advance together
+// (in ascending order, CTA n's first tile would wait for block 0 to walk down to it). Blocks are launched from the
+// last down (bwd_work), so a CTA waits only for CTAs launched before it: no CTA waits for one not yet resident.
 template <int BlockM, int BlockN>
 __device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, int32_t n_block, int32_t m_block) {
-  // Without a left window key block 0 sees every row that sees any key, so the first visitor is block 0.
-  if (p.mask.left < 0) return n_block;
-  // With one, the visitors are at most window / block_n + 2 blocks: a short walk back.
-  int32_t first = n_block;
-  while (first > 0 && key_block_sees_query_tile<BlockM, BlockN>(p, first - 1, m_block)) --first;
-  return n_block - first;
+  const num::Mask& m = p.mask;
+  if (m.left < 0) {
+    // No left window: every block up to the last one that row_last sees visits the tile.
+    if (m.right < 0) return p.n_blocks - 1 - n_block;
+    const int64_t row_last = (int64_t(m_block + 1) * BlockM < p.seqlen_q ? int64_t(m_block + 1) * BlockM
+                                                                         : int64_t(p.seqlen_q)) - 1;
+    const int64_t last_key = row_last + m.offset() + m.right;  // the last key row_last sees, if below seqlen_k
+    const int64_t last = last_key / BlockN < p.n_blocks - 1 ? last_key / BlockN : int64_t(p.n_blocks) - 1;
+    return int32_t(last) - n_block;
+  }
+  // With a left window the visitors are at most window / block_n + 2 blocks: a short walk forward.
+  int32_t last = n_block;
+  while (last + 1 < p.n_blocks && key_block_sees_query_tile<BlockM, BlockN>(p, last + 1, m_block)) ++last;
+  return last - n_block;
 }
-
 
 }  // namespace fa4::sm90
