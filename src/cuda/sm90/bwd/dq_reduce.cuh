@@ -73,6 +73,11 @@ class DqStager {
     ptx::named_barrier_arrive(full_, kHandoffThreads);
   }
 
+  // After the walk: takes the writer's last hand-back, so every arrival on dq_empty has its wait.
+  __device__ void finish() const {
+    if (!first_) ptx::named_barrier_sync(empty_, kHandoffThreads);
+  }
+
  private:
   float* staging_;
   uint32_t full_, empty_;

@@ -114,6 +114,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       ds_buffer ^= 1;
     }
   }
+  dq_stager.finish();
 }
 
 }  // namespace fa4::sm90
