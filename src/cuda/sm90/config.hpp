@@ -139,6 +139,12 @@ struct FwdConfig {
   static constexpr int kAccumulatorRegisters = kBlockN / 2 + kBlockN / 4 + kHeadDim / 2;
   static_assert(kAccumulatorRegisters <= kConsumerRegisters - 32, "accumulators would leave too few registers");
   static_assert(65536 / kThreads >= kProducerRegisters, "launch budget below the producer's");
+  // setmaxnreg.inc takes only what the CTA's setmaxnreg.dec freed from the launch allocation (65536 / threads,
+  // rounded down to 8): the producers must free at least what the consumers add.
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert(kProducerWarpgroups * (kLaunchRegisters - kProducerRegisters) >=
+                    kConsumerWarpgroups * (kConsumerRegisters - kLaunchRegisters),
+                "the producers' setmaxnreg.dec frees fewer registers than the consumers' setmaxnreg.inc takes");
 };
 
 }  // namespace fa4::sm90

@@ -112,7 +112,7 @@ struct BwdConfig {
   static constexpr bool kColumnSplit = kTile.column_split;
   static constexpr int kConsumerWarpgroups = bwd_consumer_warpgroups(kTile);
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  static constexpr int kProducerRegisters = 32;  // the load warp and the dQ writer warp (its turn loop)
+  static constexpr int kProducerRegisters = 24;  // the load warp and the dQ writer warp
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;
 
@@ -149,6 +149,12 @@ struct BwdConfig {
   static_assert(kStages >= 2, "the ring needs two stages so loads overlap compute");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,
                 "setmaxnreg budgets exceed the register file");
+  // setmaxnreg.inc only takes registers that setmaxnreg.dec gave back inside the CTA: from the launch's per-thread
+  // allocation (65536 / threads, rounded down to 8), the producer must free at least what the consumers add, or
+  // the last consumer warpgroup waits in setmaxnreg.inc forever (32 producer registers hung every row).
+  static constexpr int kLaunchRegisters = 65536 / kThreads / 8 * 8;
+  static_assert(kLaunchRegisters - kProducerRegisters >= kConsumerWarpgroups * (kConsumerRegisters - kLaunchRegisters),
+                "the producer's setmaxnreg.dec frees fewer registers than the consumers' setmaxnreg.inc takes");
   // Live accumulators of a consumer thread: dK, dV (head_dim/2 each), Sᵀ and dPᵀ (block_m/2 each); column-split
   // rows: dK, dV and dQ (32 per owned chunk each; Sᵀ and dPᵀ, 16 each, are dead once dQ is issued).
   static constexpr int kAccumulatorRegisters = kColumnSplit ? 3 * 32 * kWideChunks0 : kHeadDim + kBlockM;
