@@ -46,6 +46,14 @@ __device__ __forceinline__ int32_t& dq_turn_counter(const BwdParams& p, int64_t 
   return p.ws.dq_turn[(pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups + slot];
 }
 
+// The dQ accumulator unit at 64-row chunk row_chunk, 64-column chunk col_chunk of (batch, head) pair `pair`.
+template <class Config>
+__device__ __forceinline__ float* dq_accum_unit(const BwdParams& p, int64_t pair, int64_t row_chunk, int col_chunk) {
+  return p.ws.dq_accum +
+         ((pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks + col_chunk) *
+             int64_t(kDqUnitFloats);
+}
+
 // Consumer side of a key-split warpgroup's dQ: its fp32 slab of the tile goes to its staging buffer in the
 // accumulator order (float4 per register group and thread: contiguous, conflict-free), and the dQ writer warp
 // (dq_writer.cuh) adds it to the workspace. dq_full / dq_empty (named barriers of the warpgroup's 128 threads
@@ -103,10 +111,7 @@ class DqRegisterAdder {
   __device__ void add(const BwdParams& p, const ptx::WgmmaAccumulator<N>& dq, int64_t pair, int32_t m_block,
                       int32_t n_block) const {
     const int thread = threadIdx.x % kWarpgroupThreads;
-    float* units = p.ws.dq_accum +
-                   ((pair * (p.ws.rows_padded / kDqUnitRows) + m_block) * Config::kHeadDimChunks + first_chunk_) *
-                       int64_t(kDqUnitFloats) +
-                   thread * 4;
+    float* units = dq_accum_unit<Config>(p, pair, m_block, first_chunk_) + thread * 4;
     if (!p.deterministic) {
       add_all(units, dq);
       return;

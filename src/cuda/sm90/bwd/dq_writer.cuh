@@ -36,10 +36,9 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
         ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
         if (leader) {
           const int first_unit = c * Config::kDqUnitsPerWarpgroup;
-          const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks;
-          const int64_t unit = (pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks +
-                               first_unit % Config::kHeadDimChunks;
-          float* const dst = p.ws.dq_accum + unit * kDqUnitFloats;
+          float* const dst = dq_accum_unit<Config>(
+              p, pair, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
+              first_unit % Config::kHeadDimChunks);
           const float* const src = smem.scratch.dq_staging[c];
           if (!p.deterministic) {
             ptx::bulk_reduce_add(dst, src, Config::kDqStagingBytes);

@@ -1,6 +1,7 @@
 // The sm_90a backward main kernel: sets up the barriers, then hands each warpgroup to its role. No math here;
 // the roles live in load.cuh (TMA producer), mma.cuh (the five GEMMs, P and dS; dQ through dq_reduce.cuh),
-// mma_wide.cuh (the same for the column-split rows, d = 192 and 256) and epilogue.cuh (dK, dV). Instantiated for the sm90 bwd rows of src/cuda/instances.def.
+// mma_wide.cuh (the same for the column-split rows, d = 192 and 256), dq_writer.cuh (the staged dQ slabs) and
+// epilogue.cuh (dK, dV). Instantiated for the sm90 bwd rows of src/cuda/instances.def.
 #include <cuda_runtime.h>
 
 #include "cuda/ptx/setmaxnreg.cuh"
@@ -18,8 +19,8 @@ namespace fa4::sm90 {
 namespace {
 
 // Warpgroup 0 produces (its warp 0 issues every load, its warp 1 adds the staged dQ slabs of key-split rows; it
-// gives registers back and its other warps exit),
-// warpgroups 1 .. block_n/64 each own 64 keys (column-split rows: warpgroups 1 and 2 share them).
+// gives registers back and its other warps exit); warpgroups 1 .. block_n/64 each own 64 keys (column-split
+// rows: warpgroups 1 and 2 share them).
 enum class BwdRole { load, mma_epilogue };
 constexpr int kLoadWarp = 0, kDqWriterWarp = 1;  // warps of the producer warpgroup (the other two exit)
 __device__ __forceinline__ BwdRole bwd_role_of(int warpgroup) {
