@@ -2,8 +2,9 @@
 // walk (the consumers' order) and every consumer warpgroup: waits until the warpgroup's slab is staged
 // (dq_full), adds it to the workspace's fp32 dQ accumulator with one bulk reduce-add (cp.reduce.async.bulk
 // .add.f32, one elected lane), waits until the reduce has read the staging buffer and hands it back
-// (dq_empty). Deterministic mode: before the add, waits for the slab's turn; after it, waits until the adds are
-// performed and passes the turn on. The consumers never wait for a turn themselves, only for their buffer.
+// (dq_empty). Deterministic mode: before each add, waits for the slab's turn; after every warpgroup's add of the
+// tile, waits until they are performed and passes the turns on. The consumers never wait for a turn, only for
+// their buffer.
 #pragma once
 
 #include <cstdint>
@@ -27,38 +28,57 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   constexpr uint32_t kHandoffThreads = DqStager<Row>::kHandoffThreads;
   if (work.empty()) return;
   const bool leader = ptx::elect_one_sync();
+  // The accumulator unit of warpgroup c's slab of query tile m_block.
+  auto slab_of = [&](int64_t pair, int32_t m_block, int c) {
+    const int first_unit = c * Config::kDqUnitsPerWarpgroup;
+    return dq_accum_unit<Config>(
+        p, pair, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
+        first_unit % Config::kHeadDimChunks);
+  };
+  auto hand_back = [&](int c) {
+    __syncwarp();
+    ptx::named_barrier_arrive(static_cast<uint32_t>(BwdBarrier::first_dq_empty) + uint32_t(c), kHandoffThreads);
+  };
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
-      const int32_t turn = p.deterministic ? dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work.n_block, m_block) : 0;
+      if (!p.deterministic) {
+#pragma unroll 1
+        for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+          ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
+          if (leader) {
+            ptx::bulk_reduce_add(slab_of(pair, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+            ptx::tma_store_commit();
+            ptx::tma_store_wait_read<0>();  // the staging buffer is read; the adds complete in the background
+          }
+          hand_back(c);
+        }
+        continue;
+      }
+      // Deterministic: every warpgroup's slab (each with its own counter, all with the same turn) is added before
+      // one wait for the adds to be performed, so a tile costs the writer one round trip to L2, not one per slab.
+      const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work.n_block, m_block);
 #pragma unroll 1
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
         ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
         if (leader) {
-          const int first_unit = c * Config::kDqUnitsPerWarpgroup;
-          float* const dst = dq_accum_unit<Config>(
-              p, pair, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
-              first_unit % Config::kHeadDimChunks);
-          const float* const src = smem.scratch.dq_staging[c];
-          if (!p.deterministic) {
-            ptx::bulk_reduce_add(dst, src, Config::kDqStagingBytes);
-            ptx::tma_store_commit();
-            ptx::tma_store_wait_read<0>();  // the staging buffer is read; the adds complete in the background
-          } else {
-            ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-                dq_turn_counter<Config>(p, pair, m_block, c));
-            wait_for_turn(counter, turn);
-            ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
-            ptx::bulk_reduce_add(dst, src, Config::kDqStagingBytes);
-            ptx::tma_store_commit();
-            ptx::tma_store_wait<0>();         // the adds are performed (global memory written) ...
-            ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the release
-            counter.fetch_add(1, ::cuda::memory_order_release);
-          }
+          ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(dq_turn_counter<Config>(p, pair, m_block, c));
+          wait_for_turn(counter, turn);
+          ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
+          ptx::bulk_reduce_add(slab_of(pair, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+          ptx::tma_store_commit();
         }
-        __syncwarp();
-        ptx::named_barrier_arrive(static_cast<uint32_t>(BwdBarrier::first_dq_empty) + uint32_t(c), kHandoffThreads);
       }
+      if (leader) {
+        ptx::tma_store_wait<0>();         // the adds are performed (global memory written) ...
+        ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the releases
+#pragma unroll 1
+        for (int c = 0; c < Config::kConsumerWarpgroups; ++c)
+          ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(dq_turn_counter<Config>(p, pair, m_block, c))
+              .fetch_add(1, ::cuda::memory_order_release);
+      }
+#pragma unroll 1
+      for (int c = 0; c < Config::kConsumerWarpgroups; ++c) hand_back(c);
     }
   }
   if (leader) ptx::tma_store_wait<0>();  // before the CTA exits: the last adds are performed
