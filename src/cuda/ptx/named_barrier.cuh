@@ -15,6 +15,13 @@ __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads
   asm volatile("bar.sync %0, %1;" : : "r"(id), "r"(threads) : "memory");
 }
 
+// The same, for warps that reach the barrier from different instructions (e.g. two template instances of a
+// role, one per warpgroup): bar.sync is barrier.sync.aligned, which requires every thread to execute the same
+// instruction (compute-sanitizer synccheck reports the aligned form there as divergence).
+__device__ __forceinline__ void named_barrier_sync_any_site(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.sync %0, %1;" : : "r"(id), "r"(threads) : "memory");
+}
+
 // Arrives at barrier `id` without waiting (the producer side of a hand-over).
 __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(threads) : "memory");

@@ -41,7 +41,8 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   };
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
-    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+    for (int32_t u = work.m_begin; u < work.m_end; ++u) {
+      const int32_t m_block = walk_tile(p, u);
       if (!p.deterministic) {
 #pragma unroll 1
         for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
@@ -68,7 +69,12 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
           ptx::bulk_reduce_add(slab_of(pair, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
           ptx::tma_store_commit();
         }
+        __syncwarp();  // the warp reaches the next barrier converged (bar.sync is .aligned)
       }
+      // The buffers go back as soon as the reduces have read them; the turns pass on once the adds are performed.
+      if (leader) ptx::tma_store_wait_read<0>();
+#pragma unroll 1
+      for (int c = 0; c < Config::kConsumerWarpgroups; ++c) hand_back(c);
       if (leader) {
         ptx::tma_store_wait<0>();         // the adds are performed (global memory written) ...
         ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the releases
@@ -77,8 +83,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
           ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(dq_turn_counter<Config>(p, pair, m_block, c))
               .fetch_add(1, ::cuda::memory_order_release);
       }
-#pragma unroll 1
-      for (int c = 0; c < Config::kConsumerWarpgroups; ++c) hand_back(c);
+      __syncwarp();  // converged before the next tile's barriers
     }
   }
   if (leader) ptx::tma_store_wait<0>();  // before the CTA exits: the last adds are performed

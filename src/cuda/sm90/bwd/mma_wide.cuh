@@ -77,7 +77,8 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
     int buffer = 0;
     for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
       const int64_t pair = int64_t(work.batch) * p.heads_q + h;
-      for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+      for (int32_t u = work.m_begin; u < work.m_end; ++u) {
+        const int32_t m_block = walk_tile(p, u);
         q_ring.consumer_wait(stage);
         const uint32_t q_tile = smem_address(smem.q[stage.index]), dout_tile = smem_address(smem.dout[stage.index]);
         const uint32_t half_rows = uint32_t(query_half) * ptx::kSw128RowBytes;
@@ -93,8 +94,10 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         store_tile16<In, kQueries, BlockN>(pt_tile, s, 0, query_half);
         store_tile16<In, kQueries, BlockN>(ds_tile, dp, 0, query_half);
         ptx::fence_proxy_async_shared_cta();  // the stores, before the wgmmas (async proxy) read them
-        ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::ds_ready),
-                                Config::kConsumerWarpgroups * kWarpgroupThreads);
+        // The warpgroups are different instances of this function (their chunk counts): the barrier is reached
+        // from two instructions.
+        ptx::named_barrier_sync_any_site(static_cast<uint32_t>(BwdBarrier::ds_ready),
+                                         Config::kConsumerWarpgroups * kWarpgroupThreads);
 
         ptx::WgmmaAccumulator<N> dq;
         ptx::wgmma_fence_operand(dq);
