@@ -6,7 +6,6 @@
 #include <set>
 #include <tuple>
 
-#include "cuda/sm90/bwd/walk_order.hpp"
 #include "cuda/sm90/tile_order.hpp"
 
 using fa4::sm90::TileOrder;
@@ -67,29 +66,5 @@ TEST(TileOrder, StaticKeepsAHeadsQueryBlocksTogether) {
     const WorkTile t = o.tile(n);
     EXPECT_EQ(t.m_block, n % 8);
     EXPECT_EQ(t.batch * 4 + t.head, n / 8);
-  }
-}
-
-// The sm_90a backward's rotated walk (src/cuda/sm90/bwd/walk_order.hpp): the key blocks start on distinct
-// tiles, and on every tile the turns are a permutation of 0..n-1 that follows the step at which each block
-// arrives (the turn order a CTA waits in is the order the walks reach the tile), computed here by brute force.
-TEST(BwdRotatedWalk, TurnsFollowTheArrivalStepOnEveryTile) {
-  for (int32_t m_tiles : {1, 2, 3, 7, 16, 32, 129, 256}) {
-    for (int32_t n_blocks = 1; n_blocks <= m_tiles; n_blocks += (n_blocks < 9 ? 1 : 13)) {
-      const fa4::sm90::RotatedWalk walk{n_blocks, m_tiles};
-      std::set<int32_t> starts;
-      for (int32_t j = 0; j < n_blocks; ++j) starts.insert(walk.start(j));
-      ASSERT_EQ(int32_t(starts.size()), n_blocks) << "starts collide, n " << n_blocks << " m " << m_tiles;
-      for (int32_t m = 0; m < m_tiles; ++m) {
-        std::set<int32_t> turns;
-        for (int32_t j = 0; j < n_blocks; ++j) {
-          int32_t earlier = 0;
-          for (int32_t i = 0; i < n_blocks; ++i) earlier += walk.step(i, m) < walk.step(j, m);
-          ASSERT_EQ(walk.turn(j, m), earlier) << "block " << j << " tile " << m << ", n " << n_blocks << " m " << m_tiles;
-          turns.insert(walk.turn(j, m));
-        }
-        ASSERT_EQ(int32_t(turns.size()), n_blocks);
-      }
-    }
   }
 }

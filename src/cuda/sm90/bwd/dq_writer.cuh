@@ -41,8 +41,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   };
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
-    for (int32_t u = work.m_begin; u < work.m_end; ++u) {
-      const int32_t m_block = walk_tile(p, u);
+    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       if (!p.deterministic) {
 #pragma unroll 1
         for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {

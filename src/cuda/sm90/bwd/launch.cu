@@ -111,17 +111,10 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     params.heads_kv = int32_t(p.heads_kv);
     params.group = int32_t(p.group());
     params.n_blocks = int32_t(n_blocks);
-    params.m_tiles = int32_t((p.seqlen_q + tile.block_m - 1) / tile.block_m);
     params.mask = p.mask;
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;
     params.deterministic = p.deterministic;
-    // The rotated walk (walk_order.hpp): without a mask, where the key blocks start on distinct query tiles, and in
-    // deterministic mode only where every key block of a head can be resident at once (one CTA per SM; its turn
-    // order has CTAs wait for CTAs launched after them).
-    params.rotate_walk =
-        !p.mask.masks_anything() && n_blocks <= params.m_tiles &&
-        (!p.deterministic || n_blocks <= device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(0));
     throw_if_cuda_error(call,
                         launch_bwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(n_blocks * p.heads_kv * p.batch),
                                           cu_stream),

@@ -38,8 +38,7 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
   auto stage = cuda::producer_start_state<Config::kStages>();
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
-    for (int32_t u = work.m_begin; u < work.m_end; ++u, ++stage) {
-      const int32_t m_block = walk_tile(p, u);
+    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block, ++stage) {
       q_ring.producer_acquire(stage);
       q_ring.producer_expect_tx(stage, Config::kQStageBytes);
       uint64_t* full = q_ring.full_barrier(stage);

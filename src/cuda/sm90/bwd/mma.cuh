@@ -71,8 +71,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
   DqStager<Row> dq_stager(smem, consumer);
   int ds_buffer = 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-    for (int32_t u = work.m_begin; u < work.m_end; ++u) {
-      const int32_t m_block = walk_tile(p, u);
+    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       q_ring.consumer_wait(stage);
       const uint32_t q_tile = smem_address(smem.q[stage.index]), dout_tile = smem_address(smem.dout[stage.index]);
       Scores s, dp;

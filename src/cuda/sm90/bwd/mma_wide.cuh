@@ -77,8 +77,7 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
     int buffer = 0;
     for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
       const int64_t pair = int64_t(work.batch) * p.heads_q + h;
-      for (int32_t u = work.m_begin; u < work.m_end; ++u) {
-        const int32_t m_block = walk_tile(p, u);
+      for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
         q_ring.consumer_wait(stage);
         const uint32_t q_tile = smem_address(smem.q[stage.index]), dout_tile = smem_address(smem.dout[stage.index]);
         const uint32_t half_rows = uint32_t(query_half) * ptx::kSw128RowBytes;

@@ -40,12 +40,10 @@ struct BwdParams {
   int32_t seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
   int32_t group = 1;     // query heads per kv head
   int32_t n_blocks = 0;  // key blocks of block_n per (batch, kv head); grid = n_blocks · heads_kv · batch
-  int32_t m_tiles = 0;   // query tiles of block_m
   num::Mask mask;
   num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
   float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)
   bool deterministic = false; // dQ slabs added in key-block order (ws.dq_turn), bitwise reproducible
-  bool rotate_walk = false;   // key block j starts its query-tile walk at tile j·m_tiles/n_blocks (walk_order.hpp)
 };
 
 // Preprocess and postprocess: plain pointers and strides.

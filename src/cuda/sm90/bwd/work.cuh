@@ -1,27 +1,19 @@
 // Which work a backward CTA owns and which query tiles it visits. The grid is one CTA per (key block, kv head,
 // batch), key blocks fastest and from the last down (the CTAs running together read the same Q/dO from L2). A CTA walks every query
-// head of its kv head's group and, for each, the query tiles that see at least one of its keys: in order, or
-// (the host's choice, walk_order.hpp) every tile from a start that differs from block to block, wrapping.
+// head of its kv head's group and, for each, the query tiles [begin, end) that see at least one of its keys.
 #pragma once
 
 #include <cstdint>
 
 #include "cuda/sm90/bwd/params.hpp"
-#include "cuda/sm90/bwd/walk_order.hpp"
 
 namespace fa4::sm90 {
 
 struct BwdWork {
   int32_t n_block, kv_head, batch;
-  // The walk, positions [m_begin, m_end): position u is query tile u mod m_tiles (walk_tile). In order, the query
-  // tiles that see a key of the block; rotated, all of them from the block's start tile. Empty: dK = dV = 0.
-  int32_t m_begin = 0, m_end = 0;
+  int32_t m_begin = 0, m_end = 0;  // query tiles that see a key of the block; empty: dK = dV = 0
   __device__ __forceinline__ bool empty() const { return m_end <= m_begin; }
 };
-
-// The query tile at walk position u (u < 2·m_tiles). One compare against a kernel parameter: the walk costs the
-// consumers no register beyond the plain loop's.
-__device__ __forceinline__ int32_t walk_tile(const BwdParams& p, int32_t u) { return u < p.m_tiles ? u : u - p.m_tiles; }
 
 // The query rows [first, last] that see at least one key of key block n_block (first > last: none). Row i sees
 // a key of [key0, key_last] iff key_end(i) > key0 and key_begin(i) <= key_last; both ends grow with i, so the
@@ -58,24 +50,18 @@ __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
   if (r.first <= r.last) {
     w.m_begin = int32_t(r.first / BlockM);
     w.m_end = int32_t(r.last / BlockM + 1);
-    if (p.rotate_walk) {  // every tile (no mask), from the block's start
-      const int32_t start = RotatedWalk{p.n_blocks, p.m_tiles}.start(w.n_block);
-      w.m_begin += start, w.m_end += start;
-    }
   }
   return w;
 }
 
-// Deterministic mode. Rotated walk: arrival order (walk_order.hpp). Otherwise the key blocks that visit a query
-// tile are consecutive (the row intervals move monotonically with the key block), and they add their dQ slabs
-// from the last of them down: a block's turn on the tile is its distance from the last visitor. With causal
-// masks the last visitor of a tile is the block on its diagonal, whose walk starts there, so every CTA's first
-// tile needs no wait and the chains advance together (in ascending order, CTA n's first tile would wait for
-// block 0 to walk down to it). Blocks are launched from the last down (bwd_work), so a CTA waits only for CTAs
-// launched before it: no CTA waits for one not yet resident.
+// Deterministic mode: the key blocks that visit a query tile are consecutive (the row intervals move
+// monotonically with the key block), and they add their dQ slabs from the last of them down: a block's turn on
+// the tile is its distance from the last visitor. With causal masks the last visitor of a tile is the block on
+// its diagonal, whose walk starts there, so every CTA's first tile needs no wait and the chains advance together
+// (in ascending order, CTA n's first tile would wait for block 0 to walk down to it). Blocks are launched from the
+// last down (bwd_work), so a CTA waits only for CTAs launched before it: no CTA waits for one not yet resident.
 template <int BlockM, int BlockN>
 __device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, int32_t n_block, int32_t m_block) {
-  if (p.rotate_walk) return RotatedWalk{p.n_blocks, p.m_tiles}.turn(n_block, m_block);
   const num::Mask& m = p.mask;
   if (m.left < 0) {
     // No left window: every block up to the last one that row_last sees visits the tile.
