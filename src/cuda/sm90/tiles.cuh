@@ -71,14 +71,17 @@ __device__ __forceinline__ void load_tile(uint8_t* smem_tile, const CUtensorMap*
 template <ptx::WgmmaInput In, int HeadDim, int BlockN>
 __device__ __forceinline__ void issue_qk(ptx::WgmmaAccumulator<BlockN>& s, uint32_t q_rows, uint32_t q_chunk_bytes,
                                          uint32_t k_tile, uint32_t k_chunk_bytes = uint32_t(BlockN) * 128u) {
+  // The descriptors are encoded once and moved per k-step (one add each): encoding per k-step cost ~12
+  // instructions per wgmma and delayed the next issue (ncu of the backward, docs/perf-log.md B5).
+  const auto a0 = ptx::sw128_k_major_desc(q_rows), b0 = ptx::sw128_k_major_desc(k_tile);
   ptx::wgmma_fence_operand(s);
   ptx::wgmma_fence();
 #pragma unroll
   for (int kk = 0; kk < HeadDim / 16; ++kk) {
     // k-step kk: chunk kk/4, 32 bytes per k-step of 16 elements inside the 128-byte row.
-    const auto a = ptx::sw128_k_major_desc(q_rows + (kk / 4) * q_chunk_bytes + (kk % 4) * 32u);
-    const auto b = ptx::sw128_k_major_desc(k_tile + (kk / 4) * k_chunk_bytes + (kk % 4) * 32u);
-    ptx::wgmma_ss<In, ptx::Major::k, ptx::Major::k>(s, a, b, /*accumulate=*/kk > 0);
+    ptx::wgmma_ss<In, ptx::Major::k, ptx::Major::k>(s, a0.advanced((kk / 4) * q_chunk_bytes + (kk % 4) * 32u),
+                                                    b0.advanced((kk / 4) * k_chunk_bytes + (kk % 4) * 32u),
+                                                    /*accumulate=*/kk > 0);
   }
   ptx::wgmma_commit_group();
 }
@@ -93,10 +96,10 @@ __device__ __forceinline__ void issue_pv(ptx::WgmmaAccumulator<HeadDim>& o, ptx:
 #pragma unroll
   for (int kb = 0; kb < BlockN / 16; ++kb) ptx::wgmma_fence_operand(p[kb]);
   ptx::wgmma_fence();  // O may have been rescaled and P was just packed by ordinary instructions
+  const auto v0 = ptx::sw128_mn_major_desc(v_tile, BlockN * 128u);
 #pragma unroll
   for (int kb = 0; kb < BlockN / 16; ++kb)
-    ptx::wgmma_rs<In, ptx::Major::mn>(o, p[kb], ptx::sw128_mn_major_desc(v_tile + kb * 2048u, BlockN * 128u),
-                                      /*accumulate=*/true);
+    ptx::wgmma_rs<In, ptx::Major::mn>(o, p[kb], v0.advanced(kb * 2048u), /*accumulate=*/true);
   ptx::wgmma_commit_group();
 }
 

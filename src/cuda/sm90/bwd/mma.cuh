@@ -38,10 +38,10 @@ __device__ __forceinline__ void issue_dq(ptx::WgmmaAccumulator<BwdConfig<Row>::k
   const uint32_t b_base = k_tile + uint32_t(u0 % Config::kHeadDimChunks) * kChunkBytes;
   ptx::wgmma_fence_operand(dq);
   ptx::wgmma_fence();  // dSᵀ was written by ordinary stores (and fenced to the async proxy)
+  const auto a0 = ptx::sw128_mn_major_desc(a_base, kChunkBytes), b0 = ptx::sw128_mn_major_desc(b_base, kChunkBytes);
 #pragma unroll
   for (int kb = 0; kb < Config::kBlockN / 16; ++kb)
-    ptx::wgmma_ss<In, ptx::Major::mn, ptx::Major::mn>(dq, ptx::sw128_mn_major_desc(a_base + kb * 2048u, kChunkBytes),
-                                                      ptx::sw128_mn_major_desc(b_base + kb * 2048u, kChunkBytes),
+    ptx::wgmma_ss<In, ptx::Major::mn, ptx::Major::mn>(dq, a0.advanced(kb * 2048u), b0.advanced(kb * 2048u),
                                                       /*accumulate=*/kb > 0);
   ptx::wgmma_commit_group();
 }

@@ -35,13 +35,12 @@ template <ptx::WgmmaInput In, ptx::Major MajorA, int KSteps, int N>
 __device__ __forceinline__ void issue_ss_mn_b(ptx::WgmmaAccumulator<N>& acc, uint32_t a, uint32_t a_step,
                                               uint32_t a_chunk_bytes, uint32_t b, uint32_t b_chunk_bytes,
                                               bool accumulate) {
+  const auto a0 = MajorA == ptx::Major::k ? ptx::sw128_k_major_desc(a) : ptx::sw128_mn_major_desc(a, a_chunk_bytes);
+  const auto b0 = ptx::sw128_mn_major_desc(b, b_chunk_bytes);
 #pragma unroll
-  for (int kb = 0; kb < KSteps; ++kb) {
-    const auto a_desc = MajorA == ptx::Major::k ? ptx::sw128_k_major_desc(a + kb * a_step)
-                                                : ptx::sw128_mn_major_desc(a + kb * a_step, a_chunk_bytes);
-    ptx::wgmma_ss<In, MajorA, ptx::Major::mn>(acc, a_desc, ptx::sw128_mn_major_desc(b + kb * 2048u, b_chunk_bytes),
+  for (int kb = 0; kb < KSteps; ++kb)
+    ptx::wgmma_ss<In, MajorA, ptx::Major::mn>(acc, a0.advanced(kb * a_step), b0.advanced(kb * 2048u),
                                               accumulate || kb > 0);
-  }
   ptx::wgmma_commit_group();
 }
 
