@@ -92,3 +92,14 @@ TEST(Cli, InfoAndExplain) {
   EXPECT_TRUE(has(e, "keep the stale m")) << e.output;
   EXPECT_TRUE(has(e, "equal up to fp32 rounding")) << e.output;
 }
+
+// `fa4 trace` records only on a GPU with a trace build; anywhere else it says which of the two is missing and
+// exits non-zero, never writing an empty trace.
+TEST(Cli, TraceSaysWhatItNeeds) {
+  const std::string dir = ::testing::TempDir() + "fa4-trace-cli";
+  const Result r = fa4("trace -s 128 --heads 2 -d 64 --out " + dir);
+  if (r.code == 0) GTEST_SKIP() << "a GPU trace build recorded a trace here: " << r.output;
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_TRUE(has(r, "needs a GPU") || has(r, "no CUDA backend") || has(r, "-DFA4_TRACE=ON")) << r.output;
+  EXPECT_FALSE(std::ifstream(dir + "/trace.json").good()) << "a failed trace wrote output";
+}

@@ -11,6 +11,7 @@ void add_bench_command(CLI::App& app);
 void add_info_command(CLI::App& app);
 void add_explain_command(CLI::App& app);
 void add_model_command(CLI::App& app);
+void add_trace_command(CLI::App& app);
 
 // Subcommands run from their callbacks during parse and report failure here (0 = success).
 void set_exit_code(int code);

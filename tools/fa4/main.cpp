@@ -1,4 +1,4 @@
-// fa4 — the command-line tool: run, check, bench, info, explain, model.
+// fa4 — the command-line tool: run, check, bench, info, explain, model, trace.
 #include <cstdio>
 #include <exception>
 
@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   fa4::cli::add_info_command(app);
   fa4::cli::add_explain_command(app);
   fa4::cli::add_model_command(app);
+  fa4::cli::add_trace_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -10,6 +10,8 @@
 #include "cuda/sm90/mma_softmax.cuh"
 #include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/shared_storage.cuh"
+#include "cuda/sm90/trace_writers.hpp"
+#include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
 namespace {
@@ -28,8 +30,11 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
   ConsumerStages<Config::kStages> st;
   const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
+  trace::Recorder rec(FA4_TRACE_SINK(p), fwd_trace_consumer_writer(consumer), threadIdx.x % kWarpgroupThreads == 0);
   for (;;) {
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
     tile_ring.consumer_wait(tile_stage);
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
     // Lane 0 reads the slot, the warp takes the index by shuffle, then lane 0 releases the slot. One reader and
     // one arrival per warp (a thread each cost d = 64 13%, perf-log G8), and racecheck sees no read to pair
     // with the producer's next write. The release follows the shuffle so that every lane has finished its wait
@@ -41,6 +46,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     ++tile_stage;
     if (linear >= p.order.num_tiles()) break;
 
+    FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, linear);
     const WorkTile tile = p.order.tile(linear);
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
     ptx::WgmmaAccumulator<Config::kHeadDim> o;
@@ -48,13 +54,20 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf; nothing was loaded
 #pragma unroll
       for (int i = 0; i < Config::kHeadDim / 2; ++i) o.reg[i] = 0.0f;
+      FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
       epilogue_role<In, Row>(p, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false, o, rows);
+      FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
+      FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
       continue;
     }
-    mma_softmax_role<In, Row>(p, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows);
+    mma_softmax_role<In, Row>(p, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows, rec);
+    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
     epilogue_role<In, Row>(p, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q, o, rows);
+    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
+    FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
     ++st.q;
   }
+  FA4_TRACE_FINISH(rec);
   if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
 }
 

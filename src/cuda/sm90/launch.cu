@@ -14,6 +14,10 @@
 #include "cuda/sm90/kernel_fwd.hpp"
 #include "cuda/sm90/launch_common.hpp"
 #include "cuda/tensormap.hpp"
+#if FA4_TRACE
+#include "cuda/sm90/trace_writers.hpp"
+#include "cuda/trace/launch_sink.hpp"
+#endif
 
 namespace fa4::sm90 {
 namespace {
@@ -221,6 +225,12 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
     throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), cu_stream),
                         "cudaMemsetAsync of the tile counter");
   }
+#if FA4_TRACE
+  params.trace = trace::begin_launch(
+      "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
+          std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + " (row " + std::to_string(row) + ")",
+      grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
+#endif
   throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, params, grid, cu_stream),
                       "sm_90a forward launch failed");
   if (counter) counter->free(call);

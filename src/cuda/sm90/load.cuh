@@ -14,6 +14,8 @@
 #include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/trace_writers.hpp"
+#include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
 
@@ -26,6 +28,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   constexpr int HeadDim = Config::kHeadDim;
   using Ring = cuda::Pipeline<Config::kStages>;
   if (!ptx::elect_one_sync()) return;
+  trace::Recorder rec(FA4_TRACE_SINK(p), kFwdTraceLoadWriter, true);
 
   ptx::prefetch_tensormap(&p.q_map);
   if (p.seqlen_k > 0) {  // else the K/V maps were never encoded (and no K/V tile is ever loaded)
@@ -41,11 +44,16 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   auto tile_stage = cuda::producer_start_state<kTileRingStages>();
   const TileScheduler scheduler(p);
   for (int32_t linear = scheduler.first();; linear = scheduler.next(linear)) {
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
     tile_ring.producer_acquire(tile_stage);
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
     smem.tile_slot[tile_stage.index] = linear;
     tile_ring.producer_commit(tile_stage);
     ++tile_stage;
-    if (linear >= p.order.num_tiles()) return;
+    if (linear >= p.order.num_tiles()) {
+      FA4_TRACE_FINISH(rec);
+      return;
+    }
 
     const WorkTile tile = p.order.tile(linear);
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
@@ -54,13 +62,21 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     // One K or V tile into its ring (K and V rings step together, on kv_stage).
     auto load_kv = [&](const Ring& ring, uint8_t (&tiles)[Config::kStages][Config::kKvTileBytes],
                        const CUtensorMap* map, int32_t head_step, int32_t batch_step, int32_t n_block) {
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       ring.producer_acquire(kv_stage);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
       ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
       load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, n_block * Config::kBlockN,
                                           kv_head * head_step, tile.batch * batch_step, ring.full_barrier(kv_stage));
     };
-    auto load_k = [&](int32_t n_block) { load_kv(k_ring, smem.k, &p.k_map, p.k_head_step, p.k_batch_step, n_block); };
-    auto load_v = [&](int32_t n_block) { load_kv(v_ring, smem.v, &p.v_map, p.v_head_step, p.v_batch_step, n_block); };
+    auto load_k = [&](int32_t n_block) {
+      load_kv(k_ring, smem.k, &p.k_map, p.k_head_step, p.k_batch_step, n_block);
+      FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
+    };
+    auto load_v = [&](int32_t n_block) {
+      load_kv(v_ring, smem.v, &p.v_map, p.v_head_step, p.v_batch_step, n_block);
+      FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::v);
+    };
 
     load_k(range.begin);
     q_ring.producer_acquire(q_stage);
@@ -68,6 +84,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, tile.m_block * Config::kBlockM,
                                         tile.head * p.q_head_step, tile.batch * p.q_batch_step,
                                         q_ring.full_barrier(q_stage));
+    FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
     ++q_stage;
     load_v(range.begin);
     ++kv_stage;

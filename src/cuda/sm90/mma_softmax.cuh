@@ -23,6 +23,7 @@
 #include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/trace/recorder.cuh"
 #include "numerics/exp2.hpp"
 #include "numerics/mask.hpp"
 #include "numerics/online_softmax.hpp"
@@ -189,7 +190,8 @@ template <ptx::WgmmaInput In, int Row>
 __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<Row>& smem,
                                                  const WorkTile& tile, const KvTileRange& range, int consumer,
                                                  ConsumerStages<FwdConfig<Row>::kStages>& st, bool release_q,
-                                                 ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows) {
+                                                 ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows,
+                                                 trace::Recorder& rec) {
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
   using Ring = cuda::Pipeline<Config::kStages>;
@@ -233,14 +235,20 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
   ptx::WgmmaFragmentA p_frag[kKSteps];
   {
     S s;
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
     k_ring.consumer_wait(st.k);
     turn.wait();
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
     issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
+    FA4_TRACE_RECORD(rec, trace::Kind::s_issue, range.begin);
     turn.hand_over(false);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(s);
+    FA4_TRACE_RECORD(rec, trace::Kind::s_done, range.begin);
     s_done(range.begin);
+    FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, range.begin);
     softmax(s, range.begin);
+    FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, range.begin);
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
   }
@@ -248,20 +256,31 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
   // Steady state: S of tile n and P·V of tile n - 1 in flight together; the softmax of n under the P·V.
   for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block) {
     S s;
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
     k_ring.consumer_wait(st.k);
     turn.wait();
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
     issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
+    FA4_TRACE_RECORD(rec, trace::Kind::s_issue, n_block);
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
     v_ring.consumer_wait(st.v);
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
     issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
+    FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, n_block - 1);
     turn.hand_over(false);
 
     ptx::wgmma_wait_group<1>();  // S landed; P·V may still run
     ptx::wgmma_fence_operand(s);
+    FA4_TRACE_RECORD(rec, trace::Kind::s_done, n_block);
     s_done(n_block);
+    FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, n_block);
     const Rescale rescale = softmax(s, n_block);
+    FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, n_block);
+    FA4_TRACE_RECORD(rec, rescale.any ? trace::Kind::rescale_taken : trace::Kind::rescale_skipped, n_block);
 
     ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
     ptx::wgmma_fence_operand(o);
+    FA4_TRACE_RECORD(rec, trace::Kind::pv_done, n_block - 1);
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
     release_per_warp(v_ring, st.v);
@@ -272,12 +291,16 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
   }
 
   // Tail: the last tile's P·V.
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
   v_ring.consumer_wait(st.v);
   turn.wait();
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
   issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
+  FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, range.end - 1);
   turn.hand_over(true);
   ptx::wgmma_wait_group<0>();
   ptx::wgmma_fence_operand(o);
+  FA4_TRACE_RECORD(rec, trace::Kind::pv_done, range.end - 1);
   release_per_warp(v_ring, st.v);
   ++st.v;
 }

@@ -10,6 +10,7 @@
 #include "numerics/mask.hpp"
 #include "numerics/online_softmax.hpp"
 #include "cuda/sm90/tile_order.hpp"
+#include "trace/format.hpp"
 
 namespace fa4::sm90 {
 
@@ -44,6 +45,9 @@ struct FwdParams {
   num::ScoreTransform score;    // raw q·k -> log2 units (scale, softcap)
   float rescale_threshold = 8;  // tau, log2 units
   int32_t exp2_emulated_per16 = 0;
+#if FA4_TRACE
+  trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
+#endif
 };
 
 }  // namespace fa4::sm90

@@ -17,6 +17,8 @@
 #include "cuda/sm90/bwd/dq_reduce.cuh"
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
+#include "cuda/sm90/trace_writers.hpp"
+#include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
 
@@ -28,6 +30,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   constexpr uint32_t kHandoffThreads = DqStager<Row>::kHandoffThreads;
   if (work.empty()) return;
   const bool leader = ptx::elect_one_sync();
+  trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceDqWriter, leader);
   // The accumulator unit of warpgroup c's slab of query tile m_block.
   auto slab_of = [&](int64_t pair, int32_t m_block, int c) {
     const int first_unit = c * Config::kDqUnitsPerWarpgroup;
@@ -45,10 +48,13 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       if (!p.deterministic) {
 #pragma unroll 1
         for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+          FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
           ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
+          FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
           if (leader) {
             ptx::bulk_reduce_add(slab_of(pair, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
             ptx::tma_store_commit();
+            FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
             ptx::tma_store_wait_read<0>();  // the staging buffer is read; the adds complete in the background
           }
           hand_back(c);
@@ -60,13 +66,18 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work.n_block, m_block);
 #pragma unroll 1
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+        FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
         ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
+        FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
         if (leader) {
           ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(dq_turn_counter<Config>(p, pair, m_block, c));
+          FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_turn);
           wait_for_turn(counter, turn);
+          FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
           ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
           ptx::bulk_reduce_add(slab_of(pair, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
           ptx::tma_store_commit();
+          FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
         }
         __syncwarp();  // the warp reaches the next barrier converged (bar.sync is .aligned)
       }
@@ -86,6 +97,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
     }
   }
   if (leader) ptx::tma_store_wait<0>();  // before the CTA exits: the last adds are performed
+  FA4_TRACE_FINISH(rec);
 }
 
 }  // namespace fa4::sm90

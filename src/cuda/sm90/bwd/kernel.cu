@@ -62,9 +62,14 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     ptx::WgmmaAccumulator<Config::kHeadDim> dk, dv;
 #pragma unroll
     for (int i = 0; i < Config::kHeadDim / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
-    if (!work.empty()) bwd_mma_role<In, Row>(p, smem, work, consumer, dk, dv);
+    trace::Recorder rec(FA4_TRACE_SINK(p), bwd_trace_consumer_writer(consumer),
+                        threadIdx.x % kWarpgroupThreads == 0);
+    if (!work.empty()) bwd_mma_role<In, Row>(p, smem, work, consumer, dk, dv, rec);
+    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, work.n_block);
     bwd_epilogue_role<In, Config::kHeadDim>(p, work, int64_t(work.n_block) * Config::kBlockN + consumer * kWgmmaM, 0,
                                             dk, dv);
+    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, work.n_block);
+    FA4_TRACE_FINISH(rec);
   }
 }
 

@@ -10,6 +10,10 @@
 #include "cuda/sm90/bwd/kernel.hpp"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/launch_common.hpp"
+#if FA4_TRACE
+#include "cuda/sm90/trace_writers.hpp"
+#include "cuda/trace/launch_sink.hpp"
+#endif
 
 namespace fa4::sm90 {
 namespace {
@@ -115,6 +119,14 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;
     params.deterministic = p.deterministic;
+#if FA4_TRACE
+    params.trace = trace::begin_launch("sm90 bwd " + std::string(to_string(p.dtype)) + " d" +
+                                           std::to_string(p.head_dim) + " tile " + std::to_string(tile.block_m) +
+                                           "x" + std::to_string(tile.block_n) +
+                                           (p.deterministic ? " deterministic" : ""),
+                                       uint32_t(n_blocks * p.heads_kv * p.batch),
+                                       bwd_trace_writer_names(bwd_consumer_warpgroups(tile)), cu_stream);
+#endif
     throw_if_cuda_error(call,
                         launch_bwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(n_blocks * p.heads_kv * p.batch),
                                           cu_stream),

@@ -13,6 +13,8 @@
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/trace_writers.hpp"
+#include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
 
@@ -22,6 +24,7 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
   constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
   if (!ptx::elect_one_sync()) return;
   if (work.empty()) return;  // the consumers store zeros without waiting for anything
+  trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceLoadWriter, true);
   ptx::prefetch_tensormap(&p.q_map);
   ptx::prefetch_tensormap(&p.dout_map);
 
@@ -33,13 +36,16 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
                              work.batch * p.k_batch_step, kv_ring.full_barrier(kv_stage));
   load_tile<HeadDim, BlockN>(smem.v, &p.v_map, work.n_block * BlockN, work.kv_head * p.v_head_step,
                              work.batch * p.v_batch_step, kv_ring.full_barrier(kv_stage));
+  FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
 
   const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
   auto stage = cuda::producer_start_state<Config::kStages>();
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block, ++stage) {
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       q_ring.producer_acquire(stage);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
       q_ring.producer_expect_tx(stage, Config::kQStageBytes);
       uint64_t* full = q_ring.full_barrier(stage);
       load_tile<HeadDim, BlockM>(smem.q[stage.index], &p.q_map, m_block * BlockM, h * p.q_head_step,
@@ -49,8 +55,10 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
       const int64_t row = pair * p.ws.rows_padded + int64_t(m_block) * BlockM;
       ptx::bulk_load(smem.lse_log2[stage.index], p.ws.lse_log2 + row, Config::kRowVectorBytes, full);
       ptx::bulk_load(smem.dsum[stage.index], p.ws.dsum + row, Config::kRowVectorBytes, full);
+      FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
     }
   }
+  FA4_TRACE_FINISH(rec);
 }
 
 }  // namespace fa4::sm90

@@ -21,6 +21,7 @@
 #include "cuda/sm90/bwd/softmax_grad.cuh"
 #include "cuda/sm90/bwd/work.cuh"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
 
@@ -50,7 +51,8 @@ __device__ __forceinline__ void issue_dq(ptx::WgmmaAccumulator<BwdConfig<Row>::k
 template <ptx::WgmmaInput In, int Row>
 __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const BwdWork& work,
                                              int consumer, ptx::WgmmaAccumulator<BwdConfig<Row>::kHeadDim>& dk,
-                                             ptx::WgmmaAccumulator<BwdConfig<Row>::kHeadDim>& dv) {
+                                             ptx::WgmmaAccumulator<BwdConfig<Row>::kHeadDim>& dv,
+                                             trace::Recorder& rec) {
   using Config = BwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
   constexpr int kKSteps = BlockM / 16;
@@ -72,30 +74,39 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
   int ds_buffer = 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+      FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, m_block);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
       q_ring.consumer_wait(stage);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::q);
       const uint32_t q_tile = smem_address(smem.q[stage.index]), dout_tile = smem_address(smem.dout[stage.index]);
       Scores s, dp;
       issue_qk<In, HeadDim, BlockM>(s, k_rows, kKvChunkBytes, q_tile);
       issue_qk<In, HeadDim, BlockM>(dp, v_rows, kKvChunkBytes, dout_tile);
+      FA4_TRACE_RECORD(rec, trace::Kind::s_issue, m_block);
       const bool masked = !tile_pair_fully_visible<BlockM, BlockN>(p.mask, m_block, work.n_block);
       softmax_grad_tile<BlockM>(p, s, dp, smem.lse_log2[stage.index], smem.dsum[stage.index], key,
-                                int64_t(m_block) * BlockM, col_base, masked);
+                                int64_t(m_block) * BlockM, col_base, masked, rec, m_block);
+      FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, m_block);
 
       ptx::WgmmaFragmentA p_frag[kKSteps], ds_frag[kKSteps];
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
       issue_pv<In, HeadDim, BlockM>(dv, p_frag, dout_tile);  // dV += Pᵀ·dO
+      FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, m_block);
       uint8_t* ds_tile = smem.ds[ds_buffer];
       store_tile16<In, BlockM, BlockN>(ds_tile, dp, consumer * kWgmmaM, 0);
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) ds_frag[kb] = ptx::fragment_a_from_accumulator<In>(dp, kb);
       issue_pv<In, HeadDim, BlockM>(dk, ds_frag, q_tile);  // dK += dSᵀ·Q
       ptx::fence_proxy_async_shared_cta();  // the dSᵀ stores, before the dQ wgmmas (async proxy) read them
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::barrier);
       ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::ds_ready),
                               Config::kConsumerWarpgroups * kWarpgroupThreads);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::barrier);
       ptx::WgmmaAccumulator<Config::kDqN> dq;
       issue_dq<In, Row>(dq, smem_address(ds_tile), smem_address(smem.k), consumer);
       ptx::wgmma_wait_group<0>();
+      FA4_TRACE_RECORD(rec, trace::Kind::pv_done, m_block);
       ptx::wgmma_fence_operand(dv);
       ptx::wgmma_fence_operand(dk);
       ptx::wgmma_fence_operand(dq);
@@ -110,7 +121,10 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       // the dQ writer, so the producer refills the stage meanwhile.
       q_ring.consumer_release(stage);
       ++stage;
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
       dq_stager.stage(dq);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
+      FA4_TRACE_RECORD(rec, trace::Kind::tile_end, m_block);
       ds_buffer ^= 1;
     }
   }

@@ -25,6 +25,8 @@
 #include "cuda/sm90/bwd/softmax_grad.cuh"
 #include "cuda/sm90/bwd/work.cuh"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/sm90/trace_writers.hpp"
+#include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
 
@@ -59,6 +61,7 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
 #pragma unroll
   for (int i = 0; i < N / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
   const int thread = threadIdx.x % kWarpgroupThreads;
+  trace::Recorder rec(FA4_TRACE_SINK(p), bwd_trace_consumer_writer(consumer), thread == 0);
   const int64_t first_key = int64_t(work.n_block) * BlockN;
   const int col0 = first_chunk * 64;
   if (!work.empty()) {
@@ -77,16 +80,21 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
     for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
       const int64_t pair = int64_t(work.batch) * p.heads_q + h;
       for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+        FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, m_block);
+        FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
         q_ring.consumer_wait(stage);
+        FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::q);
         const uint32_t q_tile = smem_address(smem.q[stage.index]), dout_tile = smem_address(smem.dout[stage.index]);
         const uint32_t half_rows = uint32_t(query_half) * ptx::kSw128RowBytes;
         Scores s, dp;
         issue_qk<In, HeadDim, kQueries>(s, k_tile, kKvChunkBytes, q_tile + half_rows, kQChunkBytes);
         issue_qk<In, HeadDim, kQueries>(dp, v_tile, kKvChunkBytes, dout_tile + half_rows, kQChunkBytes);
+        FA4_TRACE_RECORD(rec, trace::Kind::s_issue, m_block);
         const bool masked = !tile_pair_fully_visible<BlockM, BlockN>(p.mask, m_block, work.n_block);
         softmax_grad_tile<kQueries>(p, s, dp, smem.lse_log2[stage.index] + query_half,
                                     smem.dsum[stage.index] + query_half, key,
-                                    int64_t(m_block) * BlockM + query_half, col_base, masked);
+                                    int64_t(m_block) * BlockM + query_half, col_base, masked, rec, m_block);
+        FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, m_block);
         uint8_t* pt_tile = smem.scratch.pt[buffer];
         uint8_t* ds_tile = smem.ds[buffer];
         store_tile16<In, kQueries, BlockN>(pt_tile, s, 0, query_half);
@@ -94,8 +102,10 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         ptx::fence_proxy_async_shared_cta();  // the stores, before the wgmmas (async proxy) read them
         // The warpgroups are different instances of this function (their chunk counts): the barrier is reached
         // from two instructions.
+        FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::barrier);
         ptx::named_barrier_sync_any_site(static_cast<uint32_t>(BwdBarrier::ds_ready),
                                          Config::kConsumerWarpgroups * kWarpgroupThreads);
+        FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::barrier);
 
         ptx::WgmmaAccumulator<N> dq;
         ptx::wgmma_fence_operand(dq);
@@ -113,19 +123,28 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         issue_ss_mn_b<In, ptx::Major::k, BlockM / 16>(dk, smem_address(ds_tile), 32u, 0u,
                                                       q_tile + uint32_t(first_chunk) * kQChunkBytes, kQChunkBytes,
                                                       true);
+        FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, m_block);
         ptx::wgmma_wait_group<2>();  // dQ landed; dV and dK may still run
         ptx::wgmma_fence_operand(dq);
+        FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_turn);  // deterministic: the turn; else the reds' issue
         dq_adder.add(p, dq, pair, m_block, work.n_block);
+        FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
+        FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
         ptx::wgmma_wait_group<0>();
         ptx::wgmma_fence_operand(dv);
         ptx::wgmma_fence_operand(dk);
+        FA4_TRACE_RECORD(rec, trace::Kind::pv_done, m_block);
         q_ring.consumer_release(stage);  // every thread: its LSE₂/D reads and the GEMMs' Q/dO reads are done
         ++stage;
         buffer ^= 1;
+        FA4_TRACE_RECORD(rec, trace::Kind::tile_end, m_block);
       }
     }
   }
+  FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, work.n_block);
   bwd_epilogue_role<In, N>(p, work, first_key, col0, dk, dv);
+  FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, work.n_block);
+  FA4_TRACE_FINISH(rec);
 }
 
 }  // namespace fa4::sm90

@@ -8,6 +8,7 @@
 
 #include "numerics/mask.hpp"
 #include "numerics/online_softmax.hpp"
+#include "trace/format.hpp"
 
 namespace fa4::sm90 {
 
@@ -44,6 +45,9 @@ struct BwdParams {
   num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
   float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)
   bool deterministic = false; // dQ slabs added in key-block order (ws.dq_turn), bitwise reproducible
+#if FA4_TRACE
+  trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
+#endif
 };
 
 // Preprocess and postprocess: plain pointers and strides.

@@ -8,6 +8,7 @@
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/bwd/params.hpp"
 #include "cuda/sm90/tiles.cuh"
+#include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
 
@@ -22,7 +23,8 @@ template <int BlockM>
 __device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, ptx::WgmmaAccumulator<BlockM>& s,
                                                   ptx::WgmmaAccumulator<BlockM>& dp, const float* lse,
                                                   const float* dsum, const int64_t (&key)[2], int64_t query0,
-                                                  int col_base, bool masked) {
+                                                  int col_base, bool masked, trace::Recorder& rec,
+                                                  int32_t m_block) {
   // The mask seen from a key: row i sees key j iff j - offset - right <= i <= j - offset + left (each side
   // unbounded when -1), and keys past seqlen_k see no row. Per row half, the interval of this thread's column
   // offsets (reg_col_in_pair_block) that see it, so each element costs two 32-bit compares.
@@ -44,6 +46,8 @@ __device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, ptx::Wgmma
   };
   ptx::wgmma_wait_group<1>();  // Sᵀ landed; dPᵀ may still run
   ptx::wgmma_fence_operand(s);
+  FA4_TRACE_RECORD(rec, trace::Kind::s_done, m_block);
+  FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, m_block);
   if (!p.score.softcap) {
     const float c = p.score.scale_log2;
 #pragma unroll

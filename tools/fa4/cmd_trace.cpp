@@ -1,0 +1,170 @@
+// `fa4 trace`: one attention call on the GPU with the kernel recording its own timeline (a trace build,
+// -DFA4_TRACE=ON), written as a Perfetto trace-event JSON, an SVG timeline of a few CTAs, the raw trace, and a
+// summary set beside `fa4 model`'s per-step prediction for the same shape.
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "fa4/commands.hpp"
+#include "fa4/common.hpp"
+#include "fa4/gpu.hpp"
+#include "model/model.hpp"
+#include "trace/export.hpp"
+#include "trace/trace.hpp"
+#if FA4_WITH_CUDA
+#include "cuda/trace/session.hpp"
+#endif
+
+namespace fa4::cli {
+namespace {
+
+using testing::HostTensor;
+
+struct TraceArgs {
+  ProblemArgs problem;
+  std::string pass = "fwd";
+  bool deterministic = false;
+  uint32_t capacity = 16384;
+  std::string out_dir = "fa4-trace";
+  std::vector<uint32_t> svg_ctas{0, 1};
+};
+
+#if FA4_WITH_CUDA
+void write_text(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+  if (!f) throw Error(Status::invalid_argument, "fa4 trace: cannot write " + path.string());
+}
+
+// The consumers' measured time per step (a K/V tile in the forward, a query tile in the backward): their tile
+// spans' total over the S issues inside them.
+double measured_step_ns(const trace::Trace& t) {
+  double tile_ns = 0;
+  uint64_t steps = 0;
+  for (uint32_t c = 0; c < t.ctas; ++c)
+    for (uint32_t w = 0; w < t.writers_per_cta; ++w) {
+      if (t.writer_names[w].rfind("consumer", 0) != 0) continue;
+      uint64_t open = 0;
+      for (const trace::Event& e : t.slice(c, w)) {
+        const auto kind = static_cast<trace::Kind>(e.kind);
+        if (kind == trace::Kind::tile_begin) open = e.t_ns;
+        if (kind == trace::Kind::tile_end && open) tile_ns += double(e.t_ns - open), open = 0;
+        if (kind == trace::Kind::s_issue) ++steps;
+      }
+    }
+  return steps ? tile_ns / double(steps) : 0.0;
+}
+
+// fa4 model's step for this shape on the H200 (the kernels' target): the step time of the model's default
+// tile for the pass, head dim and mask, in ns at the model's sustained clock.
+std::string model_line(const ProblemArgs& pa, bool bwd, double measured_ns) {
+  const model::Hardware& hw = model::hardware(model::Gpu::h200);
+  const model::Pass pass = bwd ? model::Pass::bwd : model::Pass::fwd;
+  const model::TileConfig tile =
+      model::default_tile(model::Gpu::h200, pass, int(pa.head_dim), pa.causal,
+                          pa.dtype == "f16" ? model::DType::fp16 : model::DType::bf16);
+  const model::StepTime st = model::step_time(hw, model::tile_cost(hw, tile), model::default_schedule(model::Gpu::h200, pass));
+  const double predicted_ns = st.step / hw.clock_ghz.value;
+  return fmt::format("model     H200 step of a {}x{} tile (d {}): {:.0f} ns predicted; measured per consumer step "
+                     "{:.0f} ns ({:.2f}x the prediction; the model's tile may differ from the kernel's, see the "
+                     "kernel line)",
+                     tile.m, tile.n, tile.d, predicted_ns, measured_ns,
+                     predicted_ns > 0 ? measured_ns / predicted_ns : 0.0);
+}
+
+void run_trace(const TraceArgs& a) {
+  const ProblemArgs& pa = a.problem;
+  if (const std::string why = gpu::unavailable_reason(); !why.empty())
+    throw Error(Status::unsupported, "fa4 trace: needs a GPU: " + why);
+  if (!trace::compiled_in())
+    throw Error(Status::unsupported,
+                "fa4 trace: this build does not record traces; configure a separate build with -DFA4_TRACE=ON, e.g. "
+                "cmake -S . -B build-trace -DFA4_TRACE=ON && cmake --build build-trace --target fa4_cli");
+  const bool bwd = a.pass == "bwd";
+  const DType dtype = parse_dtype(pa.dtype);
+  const auto layout = parse_layout(pa.layout);
+  Options opts = pa.options();
+  opts.deterministic = a.deterministic;
+  const std::array<int64_t, 4> qs{pa.batch, pa.sq(), pa.heads, pa.head_dim}, ks{pa.batch, pa.sk(), pa.hkv(), pa.head_dim};
+  auto q = HostTensor::make(dtype, qs, layout), k = HostTensor::make(dtype, ks, layout),
+       v = HostTensor::make(dtype, ks, layout), out = HostTensor::make(dtype, qs, layout), dout = HostTensor::make(dtype, qs, layout);
+  auto lse = HostTensor::make_lse({pa.batch, pa.heads, pa.sq()});
+  q.fill_normal(pa.seed * 7 + 1), k.fill_normal(pa.seed * 7 + 2), v.fill_normal(pa.seed * 7 + 3);
+  dout.fill_normal(pa.seed * 7 + 4);
+  out.poison(), lse.poison();
+  const gpu::Mirror gq(q), gk(k), gv(v), gout(out), glse(lse), gdout(dout);
+  const Support s = supports(bwd ? Pass::backward : Pass::forward, gq.desc(), gk.desc(), gv.desc(), opts);
+  if (!s.ok) throw Error(Status::unsupported, "fa4 trace: " + s.reason);
+  auto dq = HostTensor::make(dtype, qs, layout), dk = HostTensor::make(dtype, ks, layout), dv = HostTensor::make(dtype, ks, layout);
+  const gpu::Mirror gdq(dq), gdk(dk), gdv(dv);
+  const gpu::Buffer ws(bwd ? workspace_size(Pass::backward, gq.desc(), gk.desc(), gv.desc(), opts) : 0);
+  auto fwd_call = [&] { forward(gq.desc(), gk.desc(), gv.desc(), gout.desc(), &glse.desc(), opts); };
+  auto bwd_call = [&] {
+    backward(gq.desc(), gk.desc(), gv.desc(), gout.desc(), gdout.desc(), glse.desc(), gdq.desc(), gdk.desc(),
+             gdv.desc(), opts, ws.workspace());
+  };
+  // One untraced call of each pass first (module load, caches), then the traced one.
+  fwd_call();
+  if (bwd) bwd_call();
+  trace::arm(a.capacity);
+  bwd ? bwd_call() : fwd_call();
+  std::optional<trace::Trace> taken = trace::take_last();
+  trace::disarm();
+  if (!taken) throw Error(Status::internal, "fa4 trace: the call launched no traced kernel");
+  trace::Trace& t = *taken;
+  t.shape = fmt::format("{} {}{}", bwd ? "bwd" : "fwd", pa.shape_string(), a.deterministic ? " deterministic" : "");
+  trace::validate(t);
+
+  const std::filesystem::path dir(a.out_dir);
+  std::filesystem::create_directories(dir);
+  trace::write_trace(t, (dir / "trace.fa4trace").string());
+  write_text(dir / "trace.json", trace::perfetto_json(t).dump());
+  std::vector<uint32_t> ctas;
+  for (uint32_t c : a.svg_ctas)
+    if (c < t.ctas) ctas.push_back(c);
+  write_text(dir / "timeline.svg", trace::timeline_svg(t, ctas));
+  const trace::Summary summary = trace::summarize(t);
+  const std::string model = model_line(pa, bwd, measured_step_ns(t));
+  write_text(dir / "summary.txt", trace::to_text(summary) + model + "\n");
+  nlohmann::json sj = trace::to_json(summary);
+  sj["model"] = model;
+  write_text(dir / "summary.json", sj.dump(2));
+
+  fmt::print("kernel    {}\n", t.kernel);
+  fmt::print("{}", trace::to_text(summary));
+  fmt::print("{}\n", model);
+  if (t.dropped() > 0)
+    fmt::print("warning   {} events dropped: a writer's slice of {} events overflowed; rerun with a larger --capacity\n",
+               t.dropped(), t.capacity);
+  fmt::print("wrote     {}/{{trace.json (ui.perfetto.dev), timeline.svg, summary.txt, summary.json, trace.fa4trace}}\n",
+             dir.string());
+}
+#else
+void run_trace(const TraceArgs&) {
+  throw Error(Status::unsupported, "fa4 trace: this build has no CUDA backend (a GPU build configured with "
+                                   "-DFA4_TRACE=ON records traces)");
+}
+#endif
+
+}  // namespace
+
+void add_trace_command(CLI::App& app) {
+  auto args = std::make_shared<TraceArgs>();
+  CLI::App* cmd = app.add_subcommand("trace", "record one GPU call's kernel timeline (a -DFA4_TRACE=ON build)");
+  args->problem.add_to(cmd);
+  cmd->add_option("--pass", args->pass, "fwd or bwd (the backward's main kernel)")
+      ->check(CLI::IsMember({"fwd", "bwd"}))
+      ->capture_default_str();
+  cmd->add_flag("--deterministic", args->deterministic, "backward: dQ added in a fixed order");
+  cmd->add_option("--capacity", args->capacity, "events kept per writer (a role of one CTA); more are counted as dropped")
+      ->check(CLI::Range(1u, 1u << 24))
+      ->capture_default_str();
+  cmd->add_option("--out", args->out_dir, "directory for trace.json, timeline.svg, summary.*, trace.fa4trace")
+      ->capture_default_str();
+  cmd->add_option("--svg-ctas", args->svg_ctas, "CTAs drawn in timeline.svg")->delimiter(',')->capture_default_str();
+  cmd->callback([args] { run_trace(*args); });
+}
+
+}  // namespace fa4::cli
