@@ -132,7 +132,6 @@ void run_trace(const TraceArgs& a) {
   sj["model"] = model;
   write_text(dir / "summary.json", sj.dump(2));
 
-  fmt::print("kernel    {}\n", t.kernel);
   fmt::print("{}", trace::to_text(summary));
   fmt::print("{}\n", model);
   if (t.dropped() > 0)
