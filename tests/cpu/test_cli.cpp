@@ -103,3 +103,19 @@ TEST(Cli, TraceSaysWhatItNeeds) {
   EXPECT_TRUE(has(r, "needs a GPU") || has(r, "no CUDA backend") || has(r, "-DFA4_TRACE=ON")) << r.output;
   EXPECT_FALSE(std::ifstream(dir + "/trace.json").good()) << "a failed trace wrote output";
 }
+
+// Bad command lines name what was given and what is allowed.
+TEST(Cli, BadArgumentsSayWhatIsAllowed) {
+  Result r = fa4("run --seqlen -5");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(has(r, "--seqlen: must be >= 0, got -5")) << r.output;
+  EXPECT_FALSE(has(r, "179769313486231570")) << "the 300-digit bound is back: " << r.output;
+  r = fa4("run --heads 0");
+  EXPECT_TRUE(has(r, "--heads: must be >= 1, got 0")) << r.output;
+  r = fa4("run --seqlen 12abc");
+  EXPECT_TRUE(has(r, "expected a whole number >= 0, got '12abc'")) << r.output;
+  r = fa4("frobnicate");
+  EXPECT_EQ(r.code, 2);
+  EXPECT_TRUE(has(r, "unknown command 'frobnicate'")) << r.output;
+  EXPECT_TRUE(has(r, "run, check, bench")) << r.output;
+}

@@ -173,12 +173,12 @@ void add_bench_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand("bench", "sweep shapes, print TFLOP/s, write JSON");
   cmd->add_option("--pass", a->passes, "fwd and/or bwd")->check(CLI::IsMember({"fwd", "bwd"}))->capture_default_str();
   cmd->add_option("--dtype", a->dtypes, "dtypes")->check(CLI::IsMember({"f32", "f16", "bf16"}))->capture_default_str();
-  cmd->add_option("--seqlen", a->seqlens, "sequence lengths")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--seqlen", a->seqlens, "sequence lengths")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--head-dim", a->head_dims, "head dims")->check(CLI::Range(1, 256))->capture_default_str();
   cmd->add_option("--mask", a->masks, "none and/or causal")->check(CLI::IsMember({"none", "causal"}))->capture_default_str();
-  cmd->add_option("--batch", a->batch, "batch")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--heads", a->heads, "heads")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--iters", a->iters, "timed iterations (median)")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("--batch", a->batch, "batch")->check(kAtLeastOne)->capture_default_str();
+  cmd->add_option("--heads", a->heads, "heads")->check(kAtLeastOne)->capture_default_str();
+  cmd->add_option("--iters", a->iters, "timed iterations (median)")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--json", a->json_path, "write results to this JSON file");
   cmd->add_option("--commit", a->commit, "commit id recorded in the JSON");
   cmd->add_option("--backend", a->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();

@@ -246,8 +246,8 @@ void add_run_command(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "fwd", "bwd", "both"}))
       ->capture_default_str();
   cmd->add_option("--backend", args->backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
-  cmd->add_option("--iters", args->iters, "timed iterations (median reported)")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--check-rows", args->check_rows, "rows checked against the reference (0: no check)")->check(CLI::NonNegativeNumber)->capture_default_str();
+  cmd->add_option("--iters", args->iters, "timed iterations (median reported)")->check(kAtLeastOne)->capture_default_str();
+  cmd->add_option("--check-rows", args->check_rows, "rows checked against the reference (0: no check)")->check(kAtLeastZero)->capture_default_str();
   cmd->callback([args] { run(*args); });
 }
 

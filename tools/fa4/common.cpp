@@ -1,14 +1,34 @@
 #include "fa4/common.hpp"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 
 #include "fa4/commands.hpp"
 #include "numerics/mask.hpp"
 
 namespace fa4::cli {
+
+namespace {
+CLI::Validator at_least(int64_t lowest) {
+  return CLI::Validator(
+      [lowest](std::string& text) -> std::string {
+        int64_t value = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+        if (ec != std::errc() || end != text.data() + text.size())
+          return fmt::format("expected a whole number >= {}, got '{}'", lowest, text);
+        if (value < lowest) return fmt::format("must be >= {}, got {}", lowest, text);
+        return "";
+      },
+      fmt::format("INT >= {}", lowest));
+}
+}  // namespace
+
+const CLI::Validator kAtLeastZero = at_least(0);
+const CLI::Validator kAtLeastOne = at_least(1);
 namespace {
 int g_exit_code = 0;
 }
@@ -17,13 +37,13 @@ void set_exit_code(int code) { g_exit_code = code; }
 int exit_code() { return g_exit_code; }
 
 void ProblemArgs::add_to(CLI::App* cmd) {
-  cmd->add_option("-b,--batch", batch, "batch size")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("-s,--seqlen", seqlen, "sequence length (queries and keys)")->check(CLI::NonNegativeNumber)->capture_default_str();
-  cmd->add_option("--seqlen-q", seqlen_q, "query length (overrides --seqlen)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--seqlen-k", seqlen_k, "key length (overrides --seqlen)")->check(CLI::NonNegativeNumber);
-  cmd->add_option("--heads", heads, "query heads")->check(CLI::PositiveNumber)->capture_default_str();
-  cmd->add_option("--heads-kv", heads_kv, "key/value heads (GQA/MQA; default: --heads)")->check(CLI::PositiveNumber);
-  cmd->add_option("-d,--head-dim", head_dim, "head dimension")->check(CLI::PositiveNumber)->capture_default_str();
+  cmd->add_option("-b,--batch", batch, "batch size")->check(kAtLeastZero)->capture_default_str();
+  cmd->add_option("-s,--seqlen", seqlen, "sequence length (queries and keys)")->check(kAtLeastZero)->capture_default_str();
+  cmd->add_option("--seqlen-q", seqlen_q, "query length (overrides --seqlen)")->check(kAtLeastZero);
+  cmd->add_option("--seqlen-k", seqlen_k, "key length (overrides --seqlen)")->check(kAtLeastZero);
+  cmd->add_option("--heads", heads, "query heads")->check(kAtLeastOne)->capture_default_str();
+  cmd->add_option("--heads-kv", heads_kv, "key/value heads (GQA/MQA; default: --heads)")->check(kAtLeastOne);
+  cmd->add_option("-d,--head-dim", head_dim, "head dimension")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--dtype", dtype, "f32, f16, bf16 (f64: CPU only)")->check(CLI::IsMember({"f32", "f16", "bf16", "f64"}))->capture_default_str();
   cmd->add_option("--layout", layout, "memory order of q/k/v/out: bshd, or bhsd through strides")->check(CLI::IsMember({"bshd", "bhsd"}))->capture_default_str();
   cmd->add_flag("--causal", causal, "causal mask, bottom-right aligned");

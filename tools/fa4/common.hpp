@@ -13,6 +13,11 @@
 
 namespace fa4::cli {
 
+// Whole-number option checks whose errors say what is allowed and name what was given (CLI11's
+// NonNegativeNumber / PositiveNumber print a 300-digit upper bound instead).
+extern const CLI::Validator kAtLeastZero;  // an integer >= 0
+extern const CLI::Validator kAtLeastOne;   // an integer >= 1
+
 struct ProblemArgs {
   int64_t batch = 1, seqlen = 1024, seqlen_q = -1, seqlen_k = -1, heads = 8, heads_kv = -1, head_dim = 64;
   std::string dtype = "bf16";

@@ -1,6 +1,7 @@
 // fa4 — the command-line tool: run, check, bench, info, explain, model, trace.
 #include <cstdio>
 #include <exception>
+#include <string>
 
 #include "fa4/commands.hpp"
 #include "fa4/fa4.hpp"
@@ -16,6 +17,19 @@ int main(int argc, char** argv) {
   fa4::cli::add_explain_command(app);
   fa4::cli::add_model_command(app);
   fa4::cli::add_trace_command(app);
+  // An unknown command is named as such (CLI11 alone answers "A subcommand is required").
+  if (argc > 1 && argv[1][0] != '-') {
+    std::string names;
+    bool known = false;
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+      known = known || sub->get_name() == argv[1];
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (!known) {
+      std::fprintf(stderr, "fa4: error: unknown command '%s'; the commands are %s (fa4 --help)\n", argv[1], names.c_str());
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
