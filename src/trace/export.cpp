@@ -534,7 +534,10 @@ Summary summarize(const Trace& t) {
       ws.active_ns += double(slice.hi - slice.lo);
       for (const Span& sp : match_spans(ev)) {
         const uint64_t from = ev[sp.begin].t_ns, to = ev[sp.end].t_ns;
-        if (sp.kind == Kind::wait_begin) ws.wait_ns += double(since(from, to));
+        if (sp.kind == Kind::wait_begin) {
+          ws.wait_ns += double(since(from, to));
+          ws.wait_ns_by[name_in(kWaitNames, ev[sp.begin].arg)] += double(since(from, to));
+        }
         if (sp.kind == Kind::tile_begin) ++ws.tiles, tile_ns[w] += double(since(from, to));
         if (is_async_span(sp.kind)) tensor.emplace_back(from, std::max(from, to));
       }
@@ -591,6 +594,15 @@ std::string to_text(const Summary& s) {
   for (const auto& w : s.writers)
     fmt::format_to(out, "{:<{}}  {:>12}  {:>12}  {:>5.1f}%  {:>7}  {:>12}\n", w.writer, name_w, duration(w.active_ns),
                    duration(w.wait_ns), 100.0 * w.busy_fraction, w.tiles, duration(w.mean_tile_ns));
+  // Where the waiting went, per writer: each kind of wait as a share of the writer's active time.
+  fmt::format_to(out, "\nwaiting for, % of active time\n");
+  for (const auto& w : s.writers) {
+    if (w.wait_ns_by.empty()) continue;
+    fmt::format_to(out, "{:<{}} ", w.writer, name_w);
+    for (const auto& [what, ns] : w.wait_ns_by)
+      fmt::format_to(out, " {} {:.1f}%", what, w.active_ns > 0 ? 100.0 * ns / w.active_ns : 0.0);
+    fmt::format_to(out, "\n");
+  }
 
   fmt::format_to(out, "\ntensor core  busy {:.1f}% of the CTAs' active windows; idle gaps: median {}, p90 {}, max {}\n",
                  100.0 * s.tensor_busy_fraction, duration(s.tensor_idle_gap_median_ns),
@@ -606,6 +618,7 @@ json to_json(const Summary& s) {
     writers.push_back({{"writer", w.writer},
                        {"active_ns", w.active_ns},
                        {"wait_ns", w.wait_ns},
+                       {"wait_ns_by", w.wait_ns_by},
                        {"busy_fraction", w.busy_fraction},
                        {"tiles", w.tiles},
                        {"mean_tile_ns", w.mean_tile_ns}});

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,7 @@ struct WriterStats {  // aggregated over all CTAs for one writer slot
   double active_ns = 0;      // sum over CTAs of (last event − first event) of the slice
   double wait_ns = 0;        // time inside wait spans
   double busy_fraction = 0;  // 1 − wait_ns / active_ns (0 if no activity)
+  std::map<std::string, double> wait_ns_by;  // wait_ns by what was waited for (Wait names: "dq_turn", "q", ...)
   uint64_t tiles = 0;        // completed tile spans
   double mean_tile_ns = 0;
 };

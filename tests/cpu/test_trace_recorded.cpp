@@ -34,6 +34,17 @@ std::vector<std::pair<size_t, size_t>> tiles(std::span<const Event> slice) {
   return out;
 }
 
+// Each writer's waits are exactly the kinds its role records, and they add up to its total wait.
+void expect_waits(const fa4::trace::Summary& s, const std::map<std::string, std::vector<std::string>>& kinds) {
+  for (const auto& w : s.writers) {
+    std::vector<std::string> got;
+    double sum = 0;
+    for (const auto& [what, ns] : w.wait_ns_by) got.push_back(what), sum += ns;
+    EXPECT_EQ(got, kinds.at(w.writer)) << w.writer;
+    EXPECT_NEAR(sum, w.wait_ns, 1e-6 * w.wait_ns) << w.writer;
+  }
+}
+
 }  // namespace
 
 // Backward, d = 128, s = 2048, 16 heads: tile 64 queries × 128 keys, so every key block (CTA) walks all 2048/64
@@ -69,6 +80,11 @@ TEST(TraceRecorded, BackwardD128FollowsTheKernelsLoop) {
   }
   const fa4::trace::Summary s = fa4::trace::summarize(t);
   EXPECT_EQ(s.writers.size(), 4u);
+  // What each role waits for (default mode: the writer never waits for a turn).
+  expect_waits(s, {{"load", {"stage_free"}},
+                   {"dq writer", {"dq_buffer"}},
+                   {"consumer 0", {"barrier", "dq_buffer", "q"}},
+                   {"consumer 1", {"barrier", "dq_buffer", "q"}}});
   EXPECT_EQ(s.writers[2].tiles, 64u);
   for (const auto& w : s.writers) EXPECT_TRUE(w.busy_fraction > 0 && w.busy_fraction <= 1) << w.writer;
   EXPECT_GT(s.tensor_busy_fraction, 0);
@@ -105,6 +121,9 @@ TEST(TraceRecorded, ForwardD128FollowsTheKernelsLoop) {
       EXPECT_EQ(n.at(Kind::epilogue_begin), 1);
     }
   }
+  expect_waits(fa4::trace::summarize(t), {{"load", {"stage_free", "tile_slot"}},
+                                          {"consumer 0", {"k", "tile_slot", "v"}},
+                                          {"consumer 1", {"k", "tile_slot", "v"}}});
   // The load warp issued Q once and K and V 32 times per tile.
   const auto load = kinds_between(t.slice(0, 0), 0, t.slice(0, 0).size());
   EXPECT_EQ(load.at(Kind::tma_issue), 4 * (1 + 2 * 32));

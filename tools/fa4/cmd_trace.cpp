@@ -3,6 +3,7 @@
 // summary set beside `fa4 model`'s per-step prediction for the same shape.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -126,7 +127,16 @@ void run_trace(const TraceArgs& a) {
     if (c < t.ctas) ctas.push_back(c);
   write_text(dir / "timeline.svg", trace::timeline_svg(t, ctas));
   const trace::Summary summary = trace::summarize(t);
-  const std::string model = model_line(pa, bwd, measured_step_ns(t));
+  // The exponentials by unit, from the policy the kernel ran (k/16 of the key columns emulated); the backward
+  // recomputes P on MUFU only. Visible pairs: the masks' count.
+  const double exps = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::forward) /
+                      (4.0 * double(pa.head_dim));
+  const int per16 = bwd ? 0 : int(std::lround(opts.exp2_emulated_fraction * 16.0f));
+  const std::string model =
+      fmt::format("exp2      {:.4g} elements: {:.4g} on MUFU, {:.4g} emulated on the FMA pipe ({}/16; the policy's "
+                  "split, not counted by the kernel)\n",
+                  exps, exps * (16 - per16) / 16.0, exps * per16 / 16.0, per16) +
+      model_line(pa, bwd, measured_step_ns(t));
   write_text(dir / "summary.txt", trace::to_text(summary) + model + "\n");
   nlohmann::json sj = trace::to_json(summary);
   sj["model"] = model;
