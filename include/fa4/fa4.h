@@ -85,6 +85,28 @@ fa4_status fa4_workspace_size(fa4_pass pass, const fa4_tensor* q, const fa4_tens
 fa4_status fa4_supports(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
                         const fa4_options* options, char* reason, size_t reason_bytes);
 
+/* Variable-length batches (fa4.hpp's Varlen): q, out, dout, dq are [total_q, h, d] and k, v, dk, dv
+ * [total_k, h_kv, d] (rank 3), lse is [h, total_q] (rank 2, fp32); sequence b owns rows cu_seqlens_q[b] ..
+ * cu_seqlens_q[b + 1] - 1 of q and cu_seqlens_k[b] .. of k/v (the first seqused_k[b] when seqused_k is not
+ * NULL). The offsets live where the tensors do; this version runs them on the CPU. */
+typedef struct fa4_varlen {
+  const int32_t* cu_seqlens_q; /* [batch + 1] */
+  const int32_t* cu_seqlens_k; /* [batch + 1] */
+  const int32_t* seqused_k;    /* [batch] or NULL */
+  int64_t batch;
+  int64_t max_seqlen_q;        /* the longest query sequence .. total_q */
+  int64_t max_seqlen_k;        /* the longest key sequence .. total_k */
+} fa4_varlen;
+
+fa4_status fa4_forward_varlen(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v, const fa4_tensor* out,
+                              const fa4_tensor* lse, const fa4_varlen* varlen, const fa4_options* options,
+                              void* workspace, size_t workspace_bytes, void* stream);
+
+fa4_status fa4_backward_varlen(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v, const fa4_tensor* out,
+                               const fa4_tensor* dout, const fa4_tensor* lse, const fa4_tensor* dq,
+                               const fa4_tensor* dk, const fa4_tensor* dv, const fa4_varlen* varlen,
+                               const fa4_options* options, void* workspace, size_t workspace_bytes, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -97,6 +97,33 @@ std::size_t workspace_size(Pass pass, const Tensor& q, const Tensor& k, const Te
 // bad input (the reason says what is wrong).
 Support supports(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options = {});
 
+// Variable-length batches, FlashAttention's varlen layout: the sequences packed without padding. q, out (and
+// dout, dq) are [total_q, heads, head_dim], k, v (and dk, dv) [total_k, heads_kv, head_dim]: rank 3, element
+// strides, head_dim unit stride. Sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1 of q and rows
+// cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1 of k and v, of which it attends to the first seqused_k[b] when
+// seqused_k is given. lse is [heads, total_q], fp32. Every mask and option applies per sequence (causal is
+// bottom-right within each sequence). The metadata is read where the tensors live; this version runs
+// variable-length batches on the CPU backend (CUDA tensors are refused, by supports_varlen too).
+struct Varlen {
+  const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]: 0, then non-decreasing, last <= total_q
+  const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]: 0, then non-decreasing, last <= total_k
+  const int32_t* seqused_k = nullptr;     // optional [batch]: 0 <= seqused_k[b] <= that sequence's keys
+  int64_t batch = 0;
+  int64_t max_seqlen_q = 0;  // at least the longest query sequence, at most total_q
+  int64_t max_seqlen_k = 0;  // at least the longest key sequence (as used), at most total_k
+};
+
+void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
+                    const Varlen& varlen, const Options& options = {}, Workspace workspace = {},
+                    Stream stream = nullptr);
+
+void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                     const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Varlen& varlen,
+                     const Options& options = {}, Workspace workspace = {}, Stream stream = nullptr);
+
+Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
+                        const Options& options = {});
+
 const char* version();
 
 }  // namespace fa4

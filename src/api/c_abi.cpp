@@ -19,8 +19,8 @@ fa4::Tensor to_cpp(const fa4_tensor* t, const char* arg) {
   r.device = static_cast<fa4::Device>(t->device);
   r.device_index = t->device_index;
   r.rank = t->rank;
-  if (t->rank < 0 || t->rank > 4)
-    throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg + "': expected rank 3 or 4, got rank " + std::to_string(t->rank));
+  if (t->rank < 2 || t->rank > 4)
+    throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg + "': expected rank 2 to 4, got rank " + std::to_string(t->rank));
   for (int i = 0; i < 4; ++i) {
     r.shape[i] = i < t->rank ? t->shape[i] : 1;
     r.stride[i] = i < t->rank ? t->stride[i] : 1;
@@ -130,6 +130,39 @@ fa4_status fa4_backward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tens
     fa4::backward(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), to_cpp(dout, "dout"),
                   to_cpp(lse, "lse"), to_cpp(dq, "dq"), to_cpp(dk, "dk"), to_cpp(dv, "dv"), to_cpp(options),
                   {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
+  });
+}
+
+namespace {
+fa4::Varlen to_cpp(const fa4_varlen* v) {
+  if (v == nullptr)
+    throw fa4::Error(fa4::Status::invalid_argument, "fa4: argument 'varlen': expected a fa4_varlen, got NULL");
+  fa4::Varlen r;
+  r.cu_seqlens_q = v->cu_seqlens_q, r.cu_seqlens_k = v->cu_seqlens_k, r.seqused_k = v->seqused_k;
+  r.batch = v->batch, r.max_seqlen_q = v->max_seqlen_q, r.max_seqlen_k = v->max_seqlen_k;
+  return r;
+}
+}  // namespace
+
+fa4_status fa4_forward_varlen(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v, const fa4_tensor* out,
+                              const fa4_tensor* lse, const fa4_varlen* varlen, const fa4_options* options,
+                              void* workspace, size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    const fa4::Tensor lse_t = lse ? to_cpp(lse, "lse") : fa4::Tensor{};
+    fa4::forward_varlen(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), lse ? &lse_t : nullptr,
+                        to_cpp(varlen), to_cpp(options), {workspace, workspace_bytes},
+                        static_cast<fa4::Stream>(stream));
+  });
+}
+
+fa4_status fa4_backward_varlen(const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v, const fa4_tensor* out,
+                               const fa4_tensor* dout, const fa4_tensor* lse, const fa4_tensor* dq,
+                               const fa4_tensor* dk, const fa4_tensor* dv, const fa4_varlen* varlen,
+                               const fa4_options* options, void* workspace, size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    fa4::backward_varlen(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), to_cpp(dout, "dout"),
+                         to_cpp(lse, "lse"), to_cpp(dq, "dq"), to_cpp(dk, "dk"), to_cpp(dv, "dv"), to_cpp(varlen),
+                         to_cpp(options), {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
   });
 }
 

@@ -116,3 +116,33 @@ TEST(CAbi, LastErrorIsThreadLocal) {
   EXPECT_EQ(other, "");
   EXPECT_NE(std::string(fa4_last_error()), "");
 }
+
+// Variable-length batches through the C ABI: the same bytes as the C++ call, and a NULL fa4_varlen named.
+TEST(CAbi, VarlenMatchesTheCppApi) {
+  auto make3 = [](fa4::Tensor t, int64_t total, int64_t h, int64_t d) {
+    t.rank = 3, t.shape = {total, h, d, 1}, t.stride = {h * d, d, 1, 1};
+    return t;
+  };
+  auto q = HostTensor::make(fa4::DType::bf16, {1, 12, 2, 32}), k = HostTensor::make(fa4::DType::bf16, {1, 20, 1, 32}),
+       v = HostTensor::make(fa4::DType::bf16, {1, 20, 1, 32}), out_c = HostTensor::make(fa4::DType::bf16, {1, 12, 2, 32}),
+       out_cpp = HostTensor::make(fa4::DType::bf16, {1, 12, 2, 32});
+  q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), out_c.poison(), out_cpp.poison();
+  const fa4::Tensor tq = make3(q.desc(), 12, 2, 32), tk = make3(k.desc(), 20, 1, 32), tv = make3(v.desc(), 20, 1, 32),
+                    to_c_out = make3(out_c.desc(), 12, 2, 32), to_cpp_out = make3(out_cpp.desc(), 12, 2, 32);
+  const int32_t cu_q[] = {0, 5, 12}, cu_k[] = {0, 9, 20};
+  fa4_varlen cv{cu_q, cu_k, nullptr, 2, 7, 11};
+  fa4::Varlen vl;
+  vl.cu_seqlens_q = cu_q, vl.cu_seqlens_k = cu_k, vl.batch = 2, vl.max_seqlen_q = 7, vl.max_seqlen_k = 11;
+  fa4_options o;
+  fa4_options_init(&o);
+  o.causal = 1;
+  fa4::Options oc;
+  oc.causal = true;
+  const fa4_tensor cq = to_c(tq), ck = to_c(tk), cvv = to_c(tv), cout = to_c(to_c_out);
+  ASSERT_EQ(fa4_forward_varlen(&cq, &ck, &cvv, &cout, nullptr, &cv, &o, nullptr, 0, nullptr), FA4_OK) << fa4_last_error();
+  fa4::forward_varlen(tq, tk, tv, to_cpp_out, nullptr, vl, oc);
+  EXPECT_EQ(out_c.storage(), out_cpp.storage());
+  EXPECT_EQ(fa4_forward_varlen(&cq, &ck, &cvv, &cout, nullptr, nullptr, &o, nullptr, 0, nullptr),
+            FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("'varlen'"), std::string::npos) << fa4_last_error();
+}

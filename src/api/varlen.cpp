@@ -1,0 +1,173 @@
+// Variable-length batches (fa4.hpp, Varlen): the packed tensors and their metadata are validated here, with
+// messages naming the packed argument, then each sequence runs as a dense batch-1 problem on rank-4 views of
+// its rows, through the dense entry points (their validation and backends). CPU tensors only in this version:
+// the metadata must be readable here, and a GPU path launching one kernel per sequence would be the silent
+// slow path a varlen user does not expect.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "fa4/fa4.hpp"
+
+namespace fa4 {
+namespace {
+
+[[noreturn]] void fail(Status code, const char* call, const std::string& arg, const std::string& expected,
+                       const std::string& got) {
+  throw Error(code, std::string(call) + ": argument '" + arg + "': expected " + expected + ", got " + got);
+}
+
+std::string shape3(const Tensor& t) {
+  std::string s = "rank " + std::to_string(t.rank) + " [";
+  for (int i = 0; i < t.rank && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
+  return s + "]";
+}
+
+struct Sequence {
+  int64_t q0, q_len, k0, k_len;
+};
+
+void check_packed(const char* call, const char* arg, const Tensor& t, int64_t rows, int64_t heads, int64_t dim,
+                  const Tensor& q) {
+  if (t.rank != 3 || t.shape[0] != rows || t.shape[1] != heads || t.shape[2] != dim)
+    fail(Status::invalid_argument, call, arg,
+         "rank 3 [" + std::to_string(rows) + ", " + std::to_string(heads) + ", " + std::to_string(dim) +
+             "] ([total rows, heads, head_dim])",
+         shape3(t));
+  if (t.device != q.device || t.device_index != q.device_index || t.dtype != q.dtype)
+    fail(Status::invalid_argument, call, arg, std::string("the dtype and device of q (") + to_string(q.dtype) + " on " +
+                                                  to_string(q.device) + ")",
+         std::string(to_string(t.dtype)) + " on " + to_string(t.device));
+}
+
+// The sequences, from metadata checked entry by entry.
+std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
+  if (q.device != Device::cpu)
+    fail(Status::unsupported, call, "q", "CPU tensors (variable-length batches run on the CPU backend in this version)",
+         std::string("a ") + to_string(q.device) + " tensor");
+  if (q.rank != 3) fail(Status::invalid_argument, call, "q", "rank 3 [total_q, heads, head_dim]", shape3(q));
+  if (k.rank != 3) fail(Status::invalid_argument, call, "k", "rank 3 [total_k, heads_kv, head_dim]", shape3(k));
+  check_packed(call, "v", v, k.shape[0], k.shape[1], q.shape[2], q);
+  check_packed(call, "k", k, k.shape[0], k.shape[1], q.shape[2], q);
+  if (vl.batch < 0) fail(Status::invalid_argument, call, "varlen.batch", "a batch size >= 0", std::to_string(vl.batch));
+  if (vl.cu_seqlens_q == nullptr || vl.cu_seqlens_k == nullptr)
+    fail(Status::invalid_argument, call, vl.cu_seqlens_q == nullptr ? "varlen.cu_seqlens_q" : "varlen.cu_seqlens_k",
+         "a pointer to batch + 1 int32 offsets", "null");
+  auto check_offsets = [&](const int32_t* cu, const char* name, int64_t total) {
+    const std::string arg = std::string("varlen.") + name;
+    if (cu[0] != 0) fail(Status::invalid_argument, call, arg + "[0]", "0", std::to_string(cu[0]));
+    for (int64_t b = 0; b < vl.batch; ++b)
+      if (cu[b + 1] < cu[b])
+        fail(Status::invalid_argument, call, arg + "[" + std::to_string(b + 1) + "]",
+             "offsets that do not decrease (>= " + std::to_string(cu[b]) + ")", std::to_string(cu[b + 1]));
+    if (cu[vl.batch] > total)
+      fail(Status::invalid_argument, call, arg + "[" + std::to_string(vl.batch) + "]",
+           "at most the packed rows (" + std::to_string(total) + ")", std::to_string(cu[vl.batch]));
+  };
+  check_offsets(vl.cu_seqlens_q, "cu_seqlens_q", q.shape[0]);
+  check_offsets(vl.cu_seqlens_k, "cu_seqlens_k", k.shape[0]);
+  std::vector<Sequence> seqs(static_cast<size_t>(vl.batch));
+  int64_t longest_q = 0, longest_k = 0;
+  for (int64_t b = 0; b < vl.batch; ++b) {
+    Sequence& s = seqs[static_cast<size_t>(b)];
+    s.q0 = vl.cu_seqlens_q[b], s.q_len = vl.cu_seqlens_q[b + 1] - s.q0;
+    s.k0 = vl.cu_seqlens_k[b], s.k_len = vl.cu_seqlens_k[b + 1] - s.k0;
+    if (vl.seqused_k != nullptr) {
+      if (vl.seqused_k[b] < 0 || vl.seqused_k[b] > s.k_len)
+        fail(Status::invalid_argument, call, "varlen.seqused_k[" + std::to_string(b) + "]",
+             "0 .. " + std::to_string(s.k_len) + " (the keys of sequence " + std::to_string(b) + ")",
+             std::to_string(vl.seqused_k[b]));
+      s.k_len = vl.seqused_k[b];
+    }
+    longest_q = std::max(longest_q, s.q_len), longest_k = std::max(longest_k, s.k_len);
+  }
+  if (vl.max_seqlen_q < longest_q || vl.max_seqlen_q > q.shape[0])
+    fail(Status::invalid_argument, call, "varlen.max_seqlen_q",
+         std::to_string(longest_q) + " .. " + std::to_string(q.shape[0]) + " (the longest query sequence .. total_q)",
+         std::to_string(vl.max_seqlen_q));
+  if (vl.max_seqlen_k < longest_k || vl.max_seqlen_k > k.shape[0])
+    fail(Status::invalid_argument, call, "varlen.max_seqlen_k",
+         std::to_string(longest_k) + " .. " + std::to_string(k.shape[0]) + " (the longest key sequence .. total_k)",
+         std::to_string(vl.max_seqlen_k));
+  return seqs;
+}
+
+// Rows row0 .. row0 + rows - 1 of a packed [total, heads, dim] tensor as a rank-4 batch-1 tensor.
+Tensor rows_view(const Tensor& t, int64_t row0, int64_t rows) {
+  Tensor r = t;
+  r.rank = 4;
+  r.data = static_cast<char*>(t.data) + row0 * t.stride[0] * int64_t(element_size(t.dtype));
+  r.shape = {1, rows, t.shape[1], t.shape[2]};
+  r.stride = {std::max<int64_t>(rows, 1) * t.stride[0], t.stride[0], t.stride[1], t.stride[2]};
+  return r;
+}
+
+// Columns row0 .. of a [heads, total_q] lse as the dense [1, heads, rows] lse.
+Tensor lse_view(const Tensor& lse, int64_t row0, int64_t rows) {
+  Tensor r = lse;
+  r.rank = 3;
+  r.data = static_cast<float*>(lse.data) + row0 * lse.stride[1];
+  r.shape = {1, lse.shape[0], rows, 1};
+  r.stride = {lse.shape[0] * lse.stride[0], lse.stride[0], lse.stride[1], 1};
+  return r;
+}
+
+void check_lse(const char* call, const Tensor& lse, const Tensor& q) {
+  if (lse.rank != 2 || lse.shape[0] != q.shape[1] || lse.shape[1] != q.shape[0] || lse.dtype != DType::f32 ||
+      lse.device != q.device)
+    fail(Status::invalid_argument, call, "lse",
+         "an f32 rank 2 [" + std::to_string(q.shape[1]) + ", " + std::to_string(q.shape[0]) +
+             "] ([heads, total_q]) on q's device",
+         std::string(to_string(lse.dtype)) + " " + shape3(lse) + " on " + to_string(lse.device));
+}
+
+}  // namespace
+
+void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
+                    const Varlen& varlen, const Options& options, Workspace workspace, Stream stream) {
+  const char* call = "fa4::forward_varlen";
+  const std::vector<Sequence> seqs = sequences(call, q, k, v, varlen);
+  check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
+  if (lse) check_lse(call, *lse, q);
+  for (const Sequence& s : seqs) {
+    const Tensor seq_lse = lse ? lse_view(*lse, s.q0, s.q_len) : Tensor{};
+    forward(rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len), rows_view(v, s.k0, s.k_len),
+            rows_view(out, s.q0, s.q_len), lse ? &seq_lse : nullptr, options, workspace, stream);
+  }
+}
+
+void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                     const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Varlen& varlen,
+                     const Options& options, Workspace workspace, Stream stream) {
+  const char* call = "fa4::backward_varlen";
+  const std::vector<Sequence> seqs = sequences(call, q, k, v, varlen);
+  check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dout", dout, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dq", dq, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dk", dk, k.shape[0], k.shape[1], k.shape[2], q);
+  check_packed(call, "dv", dv, k.shape[0], k.shape[1], k.shape[2], q);
+  check_lse(call, lse, q);
+  for (const Sequence& s : seqs)
+    backward(rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len), rows_view(v, s.k0, s.k_len),
+             rows_view(out, s.q0, s.q_len), rows_view(dout, s.q0, s.q_len), lse_view(lse, s.q0, s.q_len),
+             rows_view(dq, s.q0, s.q_len), rows_view(dk, s.k0, s.k_len), rows_view(dv, s.k0, s.k_len), options,
+             workspace, stream);
+}
+
+Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
+                        const Options& options) {
+  try {
+    const std::vector<Sequence> seqs = sequences("fa4::supports_varlen", q, k, v, varlen);
+    for (const Sequence& s : seqs) {
+      const Support one = supports(pass, rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len),
+                                   rows_view(v, s.k0, s.k_len), options);
+      if (!one.ok) return one;
+    }
+    if (seqs.empty()) return supports(pass, rows_view(q, 0, 0), rows_view(k, 0, 0), rows_view(v, 0, 0), options);
+    return {true, Status::ok, ""};
+  } catch (const Error& e) {
+    return {false, e.code(), e.what()};
+  }
+}
+
+}  // namespace fa4
