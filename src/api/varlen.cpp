@@ -121,6 +121,16 @@ void check_lse(const char* call, const Tensor& lse, const Tensor& q) {
          std::string(to_string(lse.dtype)) + " " + shape3(lse) + " on " + to_string(lse.device));
 }
 
+// Every sequence's problem is checked before any is run, so a refused call writes nothing.
+void require_all(Pass pass, const std::vector<Sequence>& seqs, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Options& options) {
+  for (const Sequence& s : seqs) {
+    const Support one =
+        supports(pass, rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len), rows_view(v, s.k0, s.k_len), options);
+    if (!one.ok) throw Error(one.code, one.reason);
+  }
+}
+
 }  // namespace
 
 void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
@@ -129,6 +139,7 @@ void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   const std::vector<Sequence> seqs = sequences(call, q, k, v, varlen);
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   if (lse) check_lse(call, *lse, q);
+  require_all(Pass::forward, seqs, q, k, v, options);
   for (const Sequence& s : seqs) {
     const Tensor seq_lse = lse ? lse_view(*lse, s.q0, s.q_len) : Tensor{};
     forward(rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len), rows_view(v, s.k0, s.k_len),
@@ -147,6 +158,7 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   check_packed(call, "dk", dk, k.shape[0], k.shape[1], k.shape[2], q);
   check_packed(call, "dv", dv, k.shape[0], k.shape[1], k.shape[2], q);
   check_lse(call, lse, q);
+  require_all(Pass::backward, seqs, q, k, v, options);
   for (const Sequence& s : seqs)
     backward(rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len), rows_view(v, s.k0, s.k_len),
              rows_view(out, s.q0, s.q_len), rows_view(dout, s.q0, s.q_len), lse_view(lse, s.q0, s.q_len),
