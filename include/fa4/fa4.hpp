@@ -102,8 +102,9 @@ Support supports(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, c
 // strides, head_dim unit stride. Sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1 of q and rows
 // cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1 of k and v, of which it attends to the first seqused_k[b] when
 // seqused_k is given. lse is [heads, total_q], fp32. Every mask and option applies per sequence (causal is
-// bottom-right within each sequence). The metadata is read where the tensors live; this version runs
-// variable-length batches on the CPU backend (CUDA tensors are refused, by supports_varlen too).
+// bottom-right within each sequence); rows no sequence covers get 0 in out, dq, dk, dv and -inf in lse. The
+// metadata is read where the tensors live; this version runs variable-length batches on the CPU backend (CUDA
+// tensors are refused, by supports_varlen too).
 struct Varlen {
   const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]: 0, then non-decreasing, last <= total_q
   const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]: 0, then non-decreasing, last <= total_k

@@ -54,7 +54,21 @@ class Options(ctypes.Structure):
     ]
 
 
+class Varlen(ctypes.Structure):
+    """fa4_varlen: the offsets of a variable-length batch (pointers into int32 arrays where the tensors live)."""
+
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.c_void_p),
+        ("cu_seqlens_k", ctypes.c_void_p),
+        ("seqused_k", ctypes.c_void_p),
+        ("batch", ctypes.c_int64),
+        ("max_seqlen_q", ctypes.c_int64),
+        ("max_seqlen_k", ctypes.c_int64),
+    ]
+
+
 _TENSOR_P = ctypes.POINTER(Tensor)
+_VARLEN_P = ctypes.POINTER(Varlen)
 _OPTIONS_P = ctypes.POINTER(Options)
 _SIGNATURES = {  # name: (restype, argtypes)
     "fa4_version": (ctypes.c_char_p, []),
@@ -62,6 +76,10 @@ _SIGNATURES = {  # name: (restype, argtypes)
     "fa4_options_init": (None, [ctypes.c_void_p]),
     "fa4_forward": (ctypes.c_int, [_TENSOR_P] * 5 + [_OPTIONS_P, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
     "fa4_backward": (ctypes.c_int, [_TENSOR_P] * 9 + [_OPTIONS_P, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]),
+    "fa4_forward_varlen": (ctypes.c_int, [_TENSOR_P] * 5 + [_VARLEN_P, _OPTIONS_P, ctypes.c_void_p, ctypes.c_size_t,
+                                                             ctypes.c_void_p]),
+    "fa4_backward_varlen": (ctypes.c_int, [_TENSOR_P] * 9 + [_VARLEN_P, _OPTIONS_P, ctypes.c_void_p, ctypes.c_size_t,
+                                                              ctypes.c_void_p]),
     "fa4_workspace_size": (ctypes.c_int, [ctypes.c_int, _TENSOR_P, _TENSOR_P, _TENSOR_P, _OPTIONS_P,
                                           ctypes.POINTER(ctypes.c_size_t)]),
     "fa4_supports": (ctypes.c_int, [ctypes.c_int, _TENSOR_P, _TENSOR_P, _TENSOR_P, _OPTIONS_P, ctypes.c_char_p,
@@ -202,6 +220,21 @@ def backward(q, k, v, out, dout, lse, dq, dk, dv, options, workspace_ptr=None, w
     lib = library()
     tensors = [ctypes.byref(t) for t in (q, k, v, out, dout, lse, dq, dk, dv)]
     lib.check(lib.fa4_backward(*tensors, ctypes.byref(options), workspace_ptr, workspace_bytes, stream))
+
+
+def forward_varlen(q, k, v, out, lse, varlen, options, workspace_ptr=None, workspace_bytes=0, stream=None):
+    lib = library()
+    lib.check(lib.fa4_forward_varlen(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out), _out(lse),
+                                     ctypes.byref(varlen), ctypes.byref(options), workspace_ptr, workspace_bytes,
+                                     stream))
+
+
+def backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, varlen, options, workspace_ptr=None, workspace_bytes=0,
+                    stream=None):
+    lib = library()
+    tensors = [ctypes.byref(t) for t in (q, k, v, out, dout, lse, dq, dk, dv)]
+    lib.check(lib.fa4_backward_varlen(*tensors, ctypes.byref(varlen), ctypes.byref(options), workspace_ptr,
+                                      workspace_bytes, stream))
 
 
 def workspace_size(pass_, q, k, v, options):

@@ -11,7 +11,7 @@ from typing import Optional
 import torch
 
 from . import _capi
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, UnsupportedError
 
 _DTYPE_CODES = {torch.float32: _capi.F32, torch.float16: _capi.F16, torch.bfloat16: _capi.BF16,
                 torch.float64: _capi.F64}
@@ -156,3 +156,128 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     out, lse = forward_op(q, k, v, None if softmax_scale is None else float(softmax_scale), bool(causal),
                           window_left, window_right, float(softcap), bool(deterministic))
     return (out, lse) if return_lse else out
+
+
+# ---- variable-length batches ----------------------------------------------------------------------------------
+
+def _varlen(call, q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k):
+    """The fa4_varlen of FlashAttention's varlen arguments: int32 1-D contiguous offsets on q's device."""
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_k", seqused_k)):
+        if t is None and name == "seqused_k":
+            continue
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or not t.is_contiguous() \
+                or t.device != q.device:
+            got = (f"{t.dtype} rank {t.dim()}{'' if t.is_contiguous() else ' non-contiguous'} on {t.device}"
+                   if isinstance(t, torch.Tensor) else type(t).__name__)
+            raise InvalidArgumentError(f"{call}: argument '{name}': expected a contiguous 1-D int32 tensor on "
+                                       f"{q.device}, got {got}")
+    batch = cu_seqlens_q.shape[0] - 1
+    for name, t, n in (("cu_seqlens_k", cu_seqlens_k, batch + 1), ("seqused_k", seqused_k, batch)):
+        if t is not None and t.shape[0] != n:
+            raise InvalidArgumentError(f"{call}: argument '{name}': expected {n} entries (cu_seqlens_q has "
+                                       f"{batch + 1}), got {t.shape[0]}")
+    if batch < 0:
+        raise InvalidArgumentError(f"{call}: argument 'cu_seqlens_q': expected batch + 1 >= 1 entries, got 0")
+    return _capi.Varlen(cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+                        None if seqused_k is None else seqused_k.data_ptr(), batch, int(max_seqlen_q),
+                        int(max_seqlen_k))
+
+
+@torch.library.custom_op("fa4::forward_varlen", mutates_args=(), device_types=("cpu", "cuda"))
+def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+                      max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
+                      window_right: int, softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): out [total_q, h, d] contiguous in q's dtype, lse [h, total_q] float32."""
+    call = "fa4.flash_attn_varlen_func"
+    q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
+    varlen = _varlen(call, q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    with _device_guard(q):
+        _capi.forward_varlen(*inputs, describe(call, "out", out), describe(call, "lse", lse), varlen, options, None,
+                             0, _stream(q))
+    return out, lse
+
+
+@forward_varlen_op.register_fake
+def _forward_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                         causal, window_left, window_right, softcap, deterministic):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("fa4::backward_varlen", mutates_args=(), device_types=("cpu", "cuda"))
+def backward_varlen_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                       seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                       softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+                       softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv), contiguous, shaped as q, k, v."""
+    call = "fa4.flash_attn_varlen_func (backward)"
+    dout, q, k, v, out = (_unit_head_dim_stride(t) for t in (dout, q, k, v, out))
+    varlen = _varlen(call, q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+    grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
+    inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    with _device_guard(q):
+        _capi.backward_varlen(*inputs, describe(call, "out", out), describe(call, "dout", dout),
+                              describe(call, "lse", lse),
+                              *(describe(call, name, g) for name, g in zip(("dq", "dk", "dv"), grads)), varlen,
+                              options, None, 0, _stream(q))
+    return tuple(grads)
+
+
+@backward_varlen_op.register_fake
+def _backward_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                          max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+    return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype)
+
+
+def _setup_varlen_context(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, used_k, *ctx.options = inputs
+    out, lse = output
+    ctx.has_used_k = used_k is not None
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, *((used_k,) if used_k is not None else ()))
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward_varlen(ctx, dout, _dlse):
+    q, k, v, out, lse, cu_q, cu_k, *used = ctx.saved_tensors
+    dq, dk, dv = backward_varlen_op(dout, q, k, v, out, lse, cu_q, cu_k, used[0] if ctx.has_used_k else None,
+                                    *ctx.options)
+    return (dq, dk, dv, None, None, None) + (None,) * len(ctx.options)
+
+
+forward_varlen_op.register_autograd(_backward_varlen, setup_context=_setup_varlen_context)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False,
+                           return_lse=False, seqused_k=None):
+    """FlashAttention's flash_attn_varlen_func on fa4 (same positional order; dropout is not implemented, so
+    dropout_p must be 0).
+
+    q: [total_q, heads, head_dim], k, v: [total_k, heads_kv, head_dim]: the sequences packed without padding;
+    sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v
+    (its first seqused_k[b] keys when seqused_k is given). cu_seqlens_* and seqused_k: int32 1-D tensors on q's
+    device; max_seqlen_q/k: the longest sequences. Options as flash_attn_func's, applied per sequence. Returns
+    out, or (out, lse) with return_lse=True, lse float32 [heads, total_q]. CPU tensors run on the CPU backend;
+    CUDA tensors raise fa4.UnsupportedError until the GPU varlen kernels exist."""
+    call = "fa4.flash_attn_varlen_func"
+    if dropout_p != 0.0:
+        raise UnsupportedError(f"{call}: argument 'dropout_p': expected 0.0 (fa4 has no attention dropout), got "
+                               f"{dropout_p}")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"{call}: argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 3:
+            raise InvalidArgumentError(f"{call}: argument '{name}': expected rank 3 ([total, heads, head_dim]), "
+                                       f"got rank {t.dim()} (shape {list(t.shape)})")
+    window_left, window_right = _capi.window_bounds(call, window_size)
+    out, lse = forward_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+                                 int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale),
+                                 bool(causal), window_left, window_right, float(softcap), bool(deterministic))
+    return (out, lse) if return_lse else out
+

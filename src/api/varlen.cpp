@@ -4,6 +4,8 @@
 // the metadata must be readable here, and a GPU path launching one kernel per sequence would be the silent
 // slow path a varlen user does not expect.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -121,6 +123,28 @@ void check_lse(const char* call, const Tensor& lse, const Tensor& q) {
          std::string(to_string(lse.dtype)) + " " + shape3(lse) + " on " + to_string(lse.device));
 }
 
+// Rows of a packed tensor that belong to no sequence (past the last offset, or keys past seqused_k) are outputs
+// too: zero them (all-zero bits are 0 in every dtype), so no element of an output is left unwritten.
+void zero_rows(const Tensor& t, int64_t row0, int64_t rows) {
+  const int64_t es = int64_t(element_size(t.dtype));
+  for (int64_t r = row0; r < row0 + rows; ++r)
+    for (int64_t h = 0; h < t.shape[1]; ++h)
+      std::memset(static_cast<char*>(t.data) + (r * t.stride[0] + h * t.stride[1]) * es, 0, size_t(t.shape[2] * es));
+}
+
+// The [begin, end) row ranges of a packed dimension that no sequence covers.
+std::vector<std::pair<int64_t, int64_t>> uncovered(const std::vector<Sequence>& seqs, bool keys, int64_t total) {
+  std::vector<std::pair<int64_t, int64_t>> gaps;
+  int64_t next = 0;
+  for (const Sequence& s : seqs) {
+    const int64_t begin = keys ? s.k0 : s.q0, len = keys ? s.k_len : s.q_len;
+    if (begin > next) gaps.emplace_back(next, begin);
+    next = std::max(next, begin + len);
+  }
+  if (total > next) gaps.emplace_back(next, total);
+  return gaps;
+}
+
 // Every sequence's problem is checked before any is run, so a refused call writes nothing.
 void require_all(Pass pass, const std::vector<Sequence>& seqs, const Tensor& q, const Tensor& k, const Tensor& v,
                  const Options& options) {
@@ -140,6 +164,13 @@ void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   if (lse) check_lse(call, *lse, q);
   require_all(Pass::forward, seqs, q, k, v, options);
+  for (const auto& [begin, end] : uncovered(seqs, false, q.shape[0])) {
+    zero_rows(out, begin, end - begin);
+    if (lse)
+      for (int64_t h = 0; h < lse->shape[0]; ++h)
+        for (int64_t r = begin; r < end; ++r)
+          static_cast<float*>(lse->data)[h * lse->stride[0] + r * lse->stride[1]] = -INFINITY;
+  }
   for (const Sequence& s : seqs) {
     const Tensor seq_lse = lse ? lse_view(*lse, s.q0, s.q_len) : Tensor{};
     forward(rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len), rows_view(v, s.k0, s.k_len),
@@ -159,6 +190,8 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   check_packed(call, "dv", dv, k.shape[0], k.shape[1], k.shape[2], q);
   check_lse(call, lse, q);
   require_all(Pass::backward, seqs, q, k, v, options);
+  for (const auto& [begin, end] : uncovered(seqs, false, q.shape[0])) zero_rows(dq, begin, end - begin);
+  for (const auto& [begin, end] : uncovered(seqs, true, k.shape[0])) zero_rows(dk, begin, end - begin), zero_rows(dv, begin, end - begin);
   for (const Sequence& s : seqs)
     backward(rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len), rows_view(v, s.k0, s.k_len),
              rows_view(out, s.q0, s.q_len), rows_view(dout, s.q0, s.q_len), lse_view(lse, s.q0, s.q_len),

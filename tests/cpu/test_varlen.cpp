@@ -116,6 +116,12 @@ void run_ragged(const std::vector<std::pair<int64_t, int64_t>>& lengths, const O
   ASSERT_TRUE(fa4::supports_varlen(fa4::Pass::backward, q.desc, k.desc, v.desc, vl, options).ok);
   fa4::forward_varlen(q.desc, k.desc, v.desc, out.desc, &lse, vl, options);
   fa4::backward_varlen(q.desc, k.desc, v.desc, out.desc, dout.desc, lse, dq.desc, dk.desc, dv.desc, vl, options);
+  // Key rows no sequence uses (seqused_k) get zero gradients, not the poison.
+  for (size_t b = 0; b < r.specs.size(); ++b)
+    for (int64_t row = r.cu_k[b] + r.specs[b].seqlen_k; row < r.cu_k[b + 1]; ++row)
+      for (int64_t h = 0; h < heads_kv; ++h)
+        for (int64_t c = 0; c < dim; ++c)
+          ASSERT_TRUE(dk.host.at({0, row, h, c}) == 0 && dv.host.at({0, row, h, c}) == 0) << "row " << row;
   for (size_t b = 0; b < r.specs.size(); ++b) {
     Replay replay(r, b, out, lse_host, dq, dk, dv);
     const fa4::testing::CaseResult res = fa4::testing::run_case(r.specs[b], &replay);
