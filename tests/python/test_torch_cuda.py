@@ -456,3 +456,12 @@ def test_call_overhead_for_a_decode_shape(measurements):
     measurements("decode b=1 s_k=4096 h=32/8 d=128 bf16: host time per flash_attn_func call", host_us, "us")
     measurements("decode b=1 s_k=4096 h=32/8 d=128 bf16: per call from a CUDA graph replay", replay_us, "us")
     assert host_us < 1000, f"{host_us:.0f} us per call"
+
+
+def test_varlen_on_cuda_is_refused_by_the_library():
+    """Variable-length batches run on the CPU backend in this version: CUDA tensors reach the library, which
+    refuses them (no silent per-sequence GPU loop, no copy to the CPU)."""
+    q = torch.randn(9, 2, 64, device="cuda", dtype=torch.bfloat16)
+    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device="cuda")
+    with pytest.raises(fa4.UnsupportedError, match="CPU backend"):
+        fa4.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5)
