@@ -132,6 +132,15 @@ def _backward(ctx, dout, _dlse):
 forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 
+def _check_tensors(call, qkv, rank, layout):
+    for name, t in zip(("q", "k", "v"), qkv):
+        if not isinstance(t, torch.Tensor):
+            raise InvalidArgumentError(f"{call}: argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != rank:
+            raise InvalidArgumentError(f"{call}: argument '{name}': expected rank {rank} ({layout}), got rank "
+                                       f"{t.dim()} (shape {list(t.shape)})")
+
+
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                     deterministic=False, return_lse=False):
     """FlashAttention's flash_attn_func on fa4.
@@ -146,12 +155,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     (out, lse) with return_lse=True; lse is float32 [batch, heads, seqlen_q], natural log, and not
     differentiated. The backward (autograd) runs the library's backward on the same device and stream rules."""
     call = "fa4.flash_attn_func"
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise InvalidArgumentError(f"{call}: argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 4:
-            raise InvalidArgumentError(f"{call}: argument '{name}': expected rank 4 ([batch, seqlen, heads, "
-                                       f"head_dim]), got rank {t.dim()} (shape {list(t.shape)})")
+    _check_tensors(call, (q, k, v), 4, "[batch, seqlen, heads, head_dim]")
     window_left, window_right = _capi.window_bounds(call, window_size)
     out, lse = forward_op(q, k, v, None if softmax_scale is None else float(softmax_scale), bool(causal),
                           window_left, window_right, float(softcap), bool(deterministic))
@@ -269,12 +273,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if dropout_p != 0.0:
         raise UnsupportedError(f"{call}: argument 'dropout_p': expected 0.0 (fa4 has no attention dropout), got "
                                f"{dropout_p}")
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise InvalidArgumentError(f"{call}: argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
-        if t.dim() != 3:
-            raise InvalidArgumentError(f"{call}: argument '{name}': expected rank 3 ([total, heads, head_dim]), "
-                                       f"got rank {t.dim()} (shape {list(t.shape)})")
+    _check_tensors(call, (q, k, v), 3, "[total, heads, head_dim]")
     window_left, window_right = _capi.window_bounds(call, window_size)
     out, lse = forward_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
                                  int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale),

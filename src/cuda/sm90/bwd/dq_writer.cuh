@@ -38,6 +38,11 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
         p, pair, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
         first_unit % Config::kHeadDimChunks);
   };
+  auto take_slab = [&](int c) {  // waits until warpgroup c's slab is staged
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
+    ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
+  };
   auto hand_back = [&](int c) {
     __syncwarp();
     ptx::named_barrier_arrive(static_cast<uint32_t>(BwdBarrier::first_dq_empty) + uint32_t(c), kHandoffThreads);
@@ -48,9 +53,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       if (!p.deterministic) {
 #pragma unroll 1
         for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-          FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
-          ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
-          FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
+          take_slab(c);
           if (leader) {
             ptx::bulk_reduce_add(slab_of(pair, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
             ptx::tma_store_commit();
@@ -66,9 +69,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work.n_block, m_block);
 #pragma unroll 1
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-        FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
-        ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
-        FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
+        take_slab(c);
         if (leader) {
           ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(dq_turn_counter<Config>(p, pair, m_block, c));
           FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_turn);
