@@ -10,7 +10,6 @@
 #include "api/select.hpp"
 
 namespace fa4::detail {
-namespace {
 
 std::string shape_string(const Tensor& t) {
   std::string s = "[";
@@ -18,10 +17,12 @@ std::string shape_string(const Tensor& t) {
   return s + "]";
 }
 
-[[noreturn]] void fail(Status code, const char* call, const std::string& arg, const std::string& expected,
-                       const std::string& got) {
+void fail(Status code, const char* call, const std::string& arg, const std::string& expected, const std::string& got) {
   throw Error(code, std::string(call) + ": argument '" + arg + "': expected " + expected + ", got " + got);
 }
+
+namespace {
+
 [[noreturn]] void invalid(const char* call, const std::string& arg, const std::string& expected, const std::string& got) {
   fail(Status::invalid_argument, call, arg, expected, got);
 }

@@ -3,11 +3,18 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "api/problem.hpp"
 #include "fa4/fa4.hpp"
 
 namespace fa4::detail {
+
+// The error every check throws: "<call>: argument '<arg>': expected <expected>, got <got>".
+[[noreturn]] void fail(Status code, const char* call, const std::string& arg, const std::string& expected,
+                       const std::string& got);
+// "[d0, d1, ...]" over the tensor's rank.
+std::string shape_string(const Tensor& t);
 
 // The inputs and options alone (what `supports` and `workspace_size` see).
 Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options);

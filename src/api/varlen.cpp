@@ -9,21 +9,15 @@
 #include <string>
 #include <vector>
 
+#include "api/validate.hpp"
 #include "fa4/fa4.hpp"
 
 namespace fa4 {
 namespace {
 
-[[noreturn]] void fail(Status code, const char* call, const std::string& arg, const std::string& expected,
-                       const std::string& got) {
-  throw Error(code, std::string(call) + ": argument '" + arg + "': expected " + expected + ", got " + got);
-}
+using detail::fail;
 
-std::string shape3(const Tensor& t) {
-  std::string s = "rank " + std::to_string(t.rank) + " [";
-  for (int i = 0; i < t.rank && i < 4; ++i) s += (i ? ", " : "") + std::to_string(t.shape[i]);
-  return s + "]";
-}
+std::string shape3(const Tensor& t) { return "rank " + std::to_string(t.rank) + " " + detail::shape_string(t); }
 
 struct Sequence {
   int64_t q0, q_len, k0, k_len;
@@ -203,11 +197,7 @@ Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tenso
                         const Options& options) {
   try {
     const std::vector<Sequence> seqs = sequences("fa4::supports_varlen", q, k, v, varlen);
-    for (const Sequence& s : seqs) {
-      const Support one = supports(pass, rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len),
-                                   rows_view(v, s.k0, s.k_len), options);
-      if (!one.ok) return one;
-    }
+    require_all(pass, seqs, q, k, v, options);
     if (seqs.empty()) return supports(pass, rows_view(q, 0, 0), rows_view(k, 0, 0), rows_view(v, 0, 0), options);
     return {true, Status::ok, ""};
   } catch (const Error& e) {

@@ -1,7 +1,6 @@
 // The device side of kernel traces (src/trace/format.hpp): a Recorder per writer thread appends timestamped
-// events to its own slice of the launch's buffer. Compiled in only with FA4_TRACE; otherwise every member is an
-// empty inline function, FA4_TRACE_RECORD / FA4_TRACE_FINISH expand to nothing and FA4_TRACE_SINK(p) to an
-// empty Sink, so the untraced kernels are unchanged (their PTX is compared with and without the
+// events to its own slice of the launch's buffer. Compiled in only with FA4_TRACE; otherwise the Recorder is an
+// empty object, FA4_TRACE_RECORD / FA4_TRACE_FINISH expand to nothing and FA4_TRACE_SINK(p) to an empty Sink, so the untraced kernels are unchanged (their PTX is compared with and without the
 // instrumentation: docs/trace.md).
 #pragma once
 
@@ -69,13 +68,9 @@ class Recorder {
 #define FA4_TRACE_RECORD(recorder, ...) ((void)0)
 #define FA4_TRACE_FINISH(recorder) ((void)0)
 
-class Recorder {
+class Recorder {  // only passed along: every call site is a macro that expands to nothing
  public:
   __device__ Recorder(const Sink&, uint32_t, bool) {}
-  __device__ void record(Kind, int32_t = 0) const {}
-  template <class E>
-  __device__ void record(Kind, E) const {}
-  __device__ void finish() const {}
 };
 
 #endif
