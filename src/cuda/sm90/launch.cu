@@ -95,6 +95,15 @@ bool device_is_sm90(int index) {
          device_attribute(index, cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
+bool tma_addressable(const Tensor& t) {
+  try {
+    check_tma_layout("", "", t);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
 void check_tma_layout(const char* call, const char* name, const Tensor& t) {
   const std::string n(name);
   if (t.numel() == 0) return;  // nothing is loaded
@@ -168,15 +177,7 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
     params.v_batch_step = v_steps.batch;
   }
   // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores.
-  const bool out_tma = [&] {
-    try {
-      check_tma_layout(call, "out", out);
-      return true;
-    } catch (const Error&) {
-      return false;
-    }
-  }();
-  if (out_tma) {
+  if (tma_addressable(out)) {
     map_tensor(out, p.head_dim, uint32_t(kWgmmaM), &params.out_map);
     params.out_tma = true;
   }

@@ -25,6 +25,8 @@ bool device_is_sm90(int index);
 // bytes) below 2^40 bytes, a seqlen stride of 0 only when seqlen is 1. Stride-0 heads/batch (broadcast) are
 // fine. Also refuses sizes beyond the kernel's 32-bit indices.
 void check_tma_layout(const char* call, const char* name, const Tensor& t);
+// Whether t passes check_tma_layout (an output that can be stored by TMA; else the per-thread stores).
+bool tma_addressable(const Tensor& t);
 
 // For tests: while one lives, every forward call on this thread runs kFwdTiles row `row` (config.hpp), whatever
 // row the query length would choose, so each compiled kernel meets every shape. A call whose head dim is not

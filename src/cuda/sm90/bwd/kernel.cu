@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     if (!work.empty()) bwd_mma_role<In, Row>(p, smem, work, consumer, dk, dv, rec);
     FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, work.n_block);
     bwd_epilogue_role<In, Config::kHeadDim>(p, work, int64_t(work.n_block) * Config::kBlockN + consumer * kWgmmaM, 0,
-                                            dk, dv);
+                                            dk, dv, smem.k, smem.v, Config::kBlockN, consumer,
+                                            Config::kConsumerWarpgroups);
     FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, work.n_block);
     FA4_TRACE_FINISH(rec);
   }

@@ -109,6 +109,12 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     params.ws = ws;
     params.dk = strided_rows(dk);
     params.dv = strided_rows(dv);
+    // dK/dV by TMA store through the K/V tiles (free by then) when both are TMA-addressable; else per thread.
+    if (tma_addressable(dk) && tma_addressable(dv)) {
+      map_tensor(dk, p.head_dim, uint32_t(kWgmmaM), &params.dk_map);
+      map_tensor(dv, p.head_dim, uint32_t(kWgmmaM), &params.dv_map);
+      params.dkv_tma = true;
+    }
     params.seqlen_q = int32_t(p.seqlen_q);
     params.seqlen_k = int32_t(p.seqlen_k);
     params.heads_q = int32_t(p.heads_q);

@@ -142,7 +142,8 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
     }
   }
   FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, work.n_block);
-  bwd_epilogue_role<In, N>(p, work, first_key, col0, dk, dv);
+  bwd_epilogue_role<In, N>(p, work, first_key, col0, dk, dv, smem.k, smem.v, BlockN, consumer,
+                           Config::kConsumerWarpgroups);
   FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, work.n_block);
   FA4_TRACE_FINISH(rec);
 }

@@ -32,6 +32,9 @@ struct BwdParams {
   // Rank-4 maps {head_dim, seqlen, heads, batch}; boxes {64, block_m, 1, 1} for Q and dO, {64, block_n, 1, 1}
   // for K and V; a collapsed (broadcast or size-1) heads/batch dim has extent 1 and a coordinate step of 0.
   CUtensorMap q_map, dout_map, k_map, v_map;
+  // dK and dV, boxes {64, 64, 1, 1}, when both are TMA-addressable (dkv_tma): the epilogue stores by TMA.
+  CUtensorMap dk_map, dv_map;
+  bool dkv_tma = false;
   int32_t q_head_step = 1, q_batch_step = 1, dout_head_step = 1, dout_batch_step = 1;
   int32_t k_head_step = 1, k_batch_step = 1, v_head_step = 1, v_batch_step = 1;
 
