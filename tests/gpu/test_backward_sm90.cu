@@ -29,13 +29,20 @@ using fa4::testing::Layout;
 // A GPU case plus where the backward's workspace comes from.
 struct BwdCase : GpuCase {
   bool caller_workspace = true;  // else fa4 allocates it stream-ordered
-  std::string name() const { return spec().name() + (caller_workspace ? "" : " own-workspace"); }
+  // > 0: dq, dk, dv rows (seqlen stride) padded by this many elements past h * d, so that a row is not
+  // 16-byte aligned and the kernel must take its per-thread stores (the pads must stay untouched).
+  int64_t grad_row_pad = 0;
+  std::string name() const {
+    return spec().name() + (caller_workspace ? "" : " own-workspace") +
+           (grad_row_pad ? " grads-padded-" + std::to_string(grad_row_pad) : "");
+  }
 };
 
 struct BwdResult {
   Comparison dq, dk, dv;
   std::vector<double> dq_values, dk_values, dv_values;
-  int repeats_differing = 0;  // of the repeated backward runs, those whose dq/dk/dv bytes differ from the first
+  int repeats_differing = 0;
+  size_t pads_written = 0;  // bytes of the grad_row_pad elements that the run changed  // of the repeated backward runs, those whose dq/dk/dv bytes differ from the first
 };
 
 // Forward and backward on the device (a non-default stream), then the exact and same-precision references.
@@ -50,13 +57,24 @@ BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true, int 
   const size_t k_elems = size_t(in.kv_storage_elems);
   auto out = HostTensor::make(c.dtype, qshape, c.layout);
   auto lse = HostTensor::make_lse({c.batch, c.heads_q, c.seqlen_q});
-  auto dq = HostTensor::make(c.dtype, qshape, c.layout), dk = HostTensor::make(c.dtype, kshape, c.layout),
-       dv = HostTensor::make(c.dtype, kshape, c.layout);
+  // A gradient: in the case's layout, or [b, s, h, d] in rows of h * d + grad_row_pad elements (pads poisoned).
+  const auto make_grad = [&c](const std::array<int64_t, 4>& shape) {
+    if (c.grad_row_pad == 0) return HostTensor::make(c.dtype, shape, c.layout);
+    const int64_t row = shape[2] * shape[3] + c.grad_row_pad;
+    HostTensor t = HostTensor::make(c.dtype, {shape[0], shape[1], 1, row});
+    t.poison();
+    t.desc().shape = shape;
+    t.desc().stride = {shape[1] * row, row, shape[3], 1};
+    return t;
+  };
+  auto dq = make_grad(qshape), dk = make_grad(kshape), dv = make_grad(kshape);
   for (auto* t : {&out, &lse, &dq, &dk, &dv}) t->poison();
+  const auto storage_elems = [](const HostTensor& t) { return t.storage().size() / fa4::element_size(t.desc().dtype); };
+  const std::vector<std::byte> dq_before = dq.storage(), dk_before = dk.storage(), dv_before = dv.storage();
 
   DeviceCopy d_q(q, size_t(q.numel())), d_k(k, k_elems), d_v(v, k_elems), d_dout(dout, size_t(dout.numel())),
-      d_out(out, size_t(out.numel())), d_lse(lse, size_t(lse.numel())), d_dq(dq, size_t(dq.numel())),
-      d_dk(dk, size_t(dk.numel())), d_dv(dv, size_t(dv.numel()));
+      d_out(out, size_t(out.numel())), d_lse(lse, size_t(lse.numel())), d_dq(dq, storage_elems(dq)),
+      d_dk(dk, storage_elems(dk)), d_dv(dv, storage_elems(dv));
   EXPECT_TRUE(d_q.ok() && d_k.ok() && d_v.ok() && d_dout.ok() && d_out.ok() && d_lse.ok() && d_dq.ok() &&
               d_dk.ok() && d_dv.ok());
   fa4::Workspace ws;
@@ -82,6 +100,19 @@ BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true, int 
   d_dq.copy_back(dq);
   d_dk.copy_back(dk);
   d_dv.copy_back(dv);
+  if (c.grad_row_pad > 0) {  // the pad elements past each row's h * d keep their poison bytes
+    const auto count_pads_written = [](const HostTensor& t, const std::vector<std::byte>& before) {
+      const fa4::Tensor& d = t.desc();
+      const size_t esize = fa4::element_size(d.dtype), row_bytes = size_t(d.stride[1]) * esize;
+      const size_t used = size_t(d.shape[2] * d.shape[3]) * esize;
+      size_t written = 0;
+      for (size_t row = 0; row * row_bytes < t.storage().size(); ++row)
+        for (size_t b = row * row_bytes + used; b < (row + 1) * row_bytes; ++b) written += t.storage()[b] != before[b];
+      return written;
+    };
+    r.pads_written = count_pads_written(dq, dq_before) + count_pads_written(dk, dk_before) +
+                     count_pads_written(dv, dv_before);
+  }
   if (repeats > 0) {
     auto again_q = HostTensor::make(c.dtype, qshape, c.layout), again_k = HostTensor::make(c.dtype, kshape, c.layout),
          again_v = HostTensor::make(c.dtype, kshape, c.layout);
@@ -194,6 +225,27 @@ TEST(GpuBackwardSm90, LayoutsThroughStrides) {
     c.dtype = DType::f16;
     c.seed = 1901 + d;
     check_backward_case(c);
+  }
+}
+
+// The dK/dV epilogue's two store paths: TMA through the K/V tiles when the gradients are TMA-addressable, else
+// per-thread stores. Rows padded to a stride that is not a multiple of 16 bytes take the second; both are right,
+// give the same dK/dV bits (same math, different store; dQ's order of adds may differ) and leave the pads alone.
+TEST(GpuBackwardSm90, PaddedGradientsTakeTheDirectStoresWithTheSameBits) {
+  REQUIRE_SM90();
+  for (int d : {64, 128, 256}) {
+    BwdCase c;
+    c.head_dim = d;
+    c.batch = 2, c.seqlen_q = 190, c.seqlen_k = 333, c.heads_q = 4, c.heads_kv = 2;
+    c.options.causal = true;
+    c.seed = 4100 + uint64_t(d);
+    const BwdResult dense = run_backward_on_gpu(c, false);
+    c.grad_row_pad = 2;  // 4-byte aligned element pairs, rows not 16-byte aligned
+    check_backward_case(c);
+    const BwdResult padded = run_backward_on_gpu(c, false);
+    EXPECT_EQ(padded.pads_written, 0u) << "d=" << d;
+    EXPECT_TRUE(padded.dk_values == dense.dk_values) << "d=" << d << ": dK differs between the two store paths";
+    EXPECT_TRUE(padded.dv_values == dense.dv_values) << "d=" << d << ": dV differs between the two store paths";
   }
 }
 
