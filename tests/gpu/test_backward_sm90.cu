@@ -8,7 +8,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -264,6 +266,54 @@ TEST(GpuBackwardSm90, LongSequence) {
     }
 }
 
+// Sets FA4_BWD_CLUSTER for the scope of one check (the backward reads it at every call), then restores it.
+class ClusterOverride {
+ public:
+  explicit ClusterOverride(const char* value) {
+    if (const char* old = std::getenv("FA4_BWD_CLUSTER")) saved_ = old;
+    setenv("FA4_BWD_CLUSTER", value, 1);
+  }
+  ~ClusterOverride() {
+    if (saved_) setenv("FA4_BWD_CLUSTER", saved_->c_str(), 1);
+    else unsetenv("FA4_BWD_CLUSTER");
+  }
+  ClusterOverride(const ClusterOverride&) = delete;
+  ClusterOverride& operator=(const ClusterOverride&) = delete;
+
+ private:
+  std::optional<std::string> saved_;
+};
+
+// The CTA pair (d = 64, 128; the default) against the single-CTA kernel: both right, and the same dK/dV (the
+// pair's extra, fully masked tiles add exact zeros). Odd and even key-block counts (a phantom block past
+// seqlen_k), causal (the pair walks the union of two ranges), a window narrower than a key block (tiles between
+// the two ranges), GQA, unequal lengths.
+TEST(GpuBackwardSm90, ClusterPairMatchesSingleCta) {
+  REQUIRE_SM90();
+  for (int d : {64, 128})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window})
+      for (int64_t seqlen_k : {int64_t(3 * 128 + 17), int64_t(4 * 128)}) {
+        BwdCase c;
+        c.head_dim = d;
+        c.batch = 2, c.seqlen_q = 333, c.seqlen_k = seqlen_k, c.heads_q = 4, c.heads_kv = 2;
+        c.options = options_for(m);
+        if (m == MaskKind::window) c.options.window_left = 40, c.options.window_right = 7;
+        c.seed = 5200 + uint64_t(d) + uint64_t(m) * 3 + uint64_t(seqlen_k % 2);
+        BwdResult single, paired;
+        {
+          const ClusterOverride off("0");
+          single = run_backward_on_gpu(c, false);
+        }
+        {
+          const ClusterOverride on("1");
+          check_backward_case(c);
+          paired = run_backward_on_gpu(c, false);
+        }
+        EXPECT_TRUE(paired.dk_values == single.dk_values) << c.name() << ": dK differs between pair and single CTA";
+        EXPECT_TRUE(paired.dv_values == single.dv_values) << c.name() << ": dV differs between pair and single CTA";
+      }
+}
+
 // A small case for compute-sanitizer (scripts/device-check): GQA, causal, tails on both sides.
 TEST(GpuBackwardSm90, Small) {
   REQUIRE_SM90();
@@ -327,6 +377,12 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   };
   const fa4::Tensor& x = t.desc();
   EXPECT_TRUE(fa4::supports(fa4::Pass::backward, x, x, x).ok);
+  {  // a bad A/B override of the CTA pair is an error that names it, not a silent default
+    const ClusterOverride bad("yes");
+    expect_error(fa4::Status::invalid_argument,
+                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
+                 {"FA4_BWD_CLUSTER", "'yes'"});
+  }
   fa4::Tensor x80 = x;  // a head dim without a CUDA kernel: refused, not sent to the CPU
   x80.shape = {1, 16, 2, 80};
   x80.stride = {16 * 2 * 80, 2 * 80, 80, 1};

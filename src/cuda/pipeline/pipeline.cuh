@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda/pipeline/pipeline_state.hpp"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 
@@ -74,6 +75,12 @@ class Pipeline {
 
   // One arrival on empty[st.index]: this consumer unit has finished reading the stage.
   __device__ void consumer_release(State st) const { ptx::mbarrier_arrive(&b_.empty[st.index]); }
+
+  // A ring shared by a cluster's CTAs (each producer multicasts into every CTA's stage): one arrival on the
+  // empty barrier of the same stage in CTA `rank`, whose producer also writes this CTA's stage.
+  __device__ void consumer_release_peer(State st, uint32_t rank) const {
+    ptx::mbarrier_arrive_peer(ptx::peer_shared(&b_.empty[st.index], rank));
+  }
 
  private:
   PipelineBarriers<Stages>& b_;

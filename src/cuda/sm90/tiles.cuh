@@ -26,7 +26,7 @@ constexpr ptx::WgmmaInput wgmma_input() {
 // shared memory (opted in first: above 48 KiB the attribute is required).
 template <class Params>
 cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint32_t threads, uint32_t smem,
-                                     cudaStream_t stream, const Params& params) {
+                                     cudaStream_t stream, const Params& params, uint32_t cluster = 1) {
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
       e != cudaSuccess)
     return e;
@@ -35,6 +35,13 @@ cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
+  cudaLaunchAttribute cluster_dim{};  // consecutive CTAs form a cluster (grid a multiple of `cluster`)
+  if (cluster > 1) {
+    cluster_dim.id = cudaLaunchAttributeClusterDimension;
+    cluster_dim.val.clusterDim.x = cluster, cluster_dim.val.clusterDim.y = 1, cluster_dim.val.clusterDim.z = 1;
+    config.attrs = &cluster_dim;
+    config.numAttrs = 1;
+  }
   return cudaLaunchKernelEx(&config, kernel, params);
 }
 

@@ -50,6 +50,12 @@ inline constexpr int kBwdRows = int(sizeof(kBwdTiles) / sizeof(kBwdTiles[0]));
 // Consumer warpgroups of a row: one per 64 keys, or two sharing the keys when the head dim is split.
 constexpr int bwd_consumer_warpgroups(const BwdTile& t) { return t.column_split ? 2 : t.block_n / 64; }
 
+// The CTA pair (docs/sm90-backward.md): key-split rows may run as clusters of two CTAs on neighbouring key
+// blocks. Each CTA loads half of every Q and dO tile and TMA-multicasts it to both: by head-dim chunk when the
+// tile has two or more, else by rows (a box of block_m / 2 rows); the host builds the Q and dO maps with this box.
+constexpr bool bwd_pair_capable(const BwdTile& t) { return !t.column_split; }
+constexpr int bwd_pair_box_rows(const BwdTile& t) { return t.head_dim / 64 == 1 ? t.block_m / 2 : t.block_m; }
+
 constexpr int bwd_row(int head_dim) {
   for (int r = 0; r < kBwdRows; ++r)
     if (kBwdTiles[r].head_dim == head_dim) return r;
@@ -133,6 +139,11 @@ struct BwdConfig {
   static constexpr uint32_t kRowVectorBytes = uint32_t(kBlockM) * 4;                       // LSE₂ or D
   static constexpr uint32_t kQStageBytes = 2 * kQTileBytes + 2 * kRowVectorBytes;         // what one stage receives
   static constexpr uint32_t kDqStagingBytes = kColumnSplit ? 0u : uint32_t(kDqUnitsPerWarpgroup) * kDqUnitFloats * 4;
+  // The pair: Q/dO halves (rows or head-dim chunks), and dQ slabs summed half by half (each CTA adds the peer's
+  // half into its own staging and reduce-adds that half: one reduce-add per pair and tile reaches L2).
+  static constexpr bool kPairCapable = bwd_pair_capable(kTile);
+  static constexpr bool kPairSplitsRows = bwd_pair_box_rows(kTile) != kBlockM;
+  static constexpr uint32_t kDqHalfBytes = kDqStagingBytes / 2;
 
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kBwdMaxConsumerWarpgroups,
                 "named barrier ids exist for up to two consumer warpgroups");
@@ -145,6 +156,10 @@ struct BwdConfig {
   static_assert(kColumnSplit || kDqUnits % kConsumerWarpgroups == 0, "the dQ units split evenly over the warpgroups");
   static_assert(kColumnSplit || (kHeadDim / kDqUnitCols) % kDqUnitsPerWarpgroup == 0,
                 "a warpgroup's dQ units lie in one 64-row chunk (one wgmma)");
+  static_assert(!kPairCapable || kPairSplitsRows || kHeadDimChunks % 2 == 0,
+                "a pair splits Q/dO tiles into two halves: by rows (one chunk) or by an even number of chunks");
+  static_assert(!kPairCapable || (kDqHalfBytes % (32 * 16) == 0 && kDqUnitsPerWarpgroup == 1),
+                "a dQ half is whole 16-byte vectors of the writer warp, and half of one unit (contiguous in the workspace)");
   static_assert(kBlockM <= 256 && kBlockN <= 256, "TMA boxes have at most 256 rows; wgmma N at most 256");
   static_assert(kStages >= 2, "the ring needs two stages so loads overlap compute");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,

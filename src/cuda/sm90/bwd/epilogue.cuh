@@ -80,7 +80,7 @@ __device__ __forceinline__ void bwd_epilogue_role(const BwdParams& p, const BwdW
   stage_key_rows<In, N>(v_tile, tile_rows, row0, chunk0, dv, 1.0f);
   ptx::fence_proxy_async_shared_cta();  // the generic writes above, before the async-proxy stores read them
   ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_warpgroup) + uint32_t(consumer), kWarpgroupThreads);
-  if (threadIdx.x % kWarpgroupThreads == 0) {
+  if (threadIdx.x % kWarpgroupThreads == 0 && first_key < p.seqlen_k) {  // a pair's phantom block stores nothing
 #pragma unroll
     for (int c = 0; c < N / kSw128Columns; ++c) {
       const int32_t coords[4] = {col0 + c * kSw128Columns, int32_t(first_key), work.kv_head, work.batch};

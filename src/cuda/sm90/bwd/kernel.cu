@@ -4,6 +4,9 @@
 // epilogue.cuh (dK, dV). Instantiated for the sm90 bwd rows of src/cuda/instances.def.
 #include <cuda_runtime.h>
 
+#include "cuda/ptx/cluster.cuh"
+#include "cuda/ptx/fence.cuh"
+#include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/sm90/bwd/dq_writer.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
@@ -31,13 +34,23 @@ template <ptx::WgmmaInput In, int Row>
 __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
   using Config = BwdConfig<Row>;
   BwdSharedStorage<Row>& smem = ptx::sw128_aligned_dynamic_smem<BwdSharedStorage<Row>>();
+  const bool paired = Config::kPairCapable && p.cluster_pair;
   if (threadIdx.x == 0) {
     // K/V and each Q stage fill by TMA bytes after the producer's single arrival; a Q stage is free once every
-    // consumer thread has released it (after the wgmma wait that ends the GEMMs' reads, and its own LSE₂/D reads).
+    // consumer thread has released it (after the wgmma wait that ends the GEMMs' reads, and its own LSE₂/D reads)
+    // and, with the CTA pair, every warp of the peer's consumers (its producer fills half of this CTA's stage).
+    constexpr uint32_t kConsumerThreads = kWarpgroupThreads * Config::kConsumerWarpgroups;
     cuda::Pipeline<1>::init(smem.kv_ring, 1, 1);
-    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, kWarpgroupThreads * Config::kConsumerWarpgroups);
+    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, kConsumerThreads + (paired ? kConsumerThreads / 32 : 0u));
+    if constexpr (Config::kPairCapable)
+      for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+        ptx::mbarrier_init(&smem.scratch.dq_incoming_full[c], 1);  // this CTA's arrival + the peer's bytes
+        ptx::mbarrier_init(&smem.scratch.dq_pushed_consumed[c], 1);  // the peer's arrival
+      }
+    ptx::fence_barrier_init();
   }
   __syncthreads();
+  if (paired) ptx::cluster_sync();  // the peer's barriers are initialised before anything signals them
   const BwdWork work = bwd_work<Config::kBlockM, Config::kBlockN>(p);
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
@@ -47,6 +60,7 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     if (warp == kLoadWarp) bwd_load_role<Row>(p, smem, work);
     if constexpr (!Config::kColumnSplit)
       if (warp == kDqWriterWarp) bwd_dq_writer_role<Row>(p, smem, work);
+    if (paired) ptx::cluster_sync();  // see below
     return;
   }
   ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
@@ -72,6 +86,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, work.n_block);
     FA4_TRACE_FINISH(rec);
   }
+  // No CTA of a pair exits while its peer may still signal its barriers or copy into its shared memory.
+  if (paired) ptx::cluster_sync();
 }
 
 template <DType Dtype, int HeadDim>
@@ -79,7 +95,7 @@ cudaError_t launch_instance(const BwdParams& p, uint32_t grid, cudaStream_t stre
   constexpr int kRow = bwd_row(HeadDim);
   static_assert(kRow >= 0, "a bwd head dim of instances.def has no row in kBwdTiles (bwd/config.hpp)");
   return launch_with_dynamic_smem(bwd_kernel<wgmma_input<Dtype>(), kRow>, grid, BwdConfig<kRow>::kThreads,
-                                  bwd_smem_bytes<kRow>(), stream, p);
+                                  bwd_smem_bytes<kRow>(), stream, p, p.cluster_pair ? 2u : 1u);
 }
 
 }  // namespace

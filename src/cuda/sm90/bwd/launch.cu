@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <optional>
 #include <string>
 
@@ -29,6 +30,20 @@ StridedRows strided_rows(const Tensor& t) {
   return r;
 }
 
+// Whether the main kernel runs as CTA pairs (clusters of two on neighbouring key blocks, docs/sm90-backward.md):
+// key-split rows outside deterministic mode (whose turns count single key blocks). FA4_BWD_CLUSTER=0 or 1
+// overrides the default for A/B runs; any other value is an error, not a silent default.
+bool use_cluster_pair(const char* call, const BwdTile& tile, const detail::Problem& p) {
+  if (!bwd_pair_capable(tile) || p.deterministic) return false;
+  constexpr bool kDefault = true;
+  const char* env = std::getenv("FA4_BWD_CLUSTER");
+  if (env == nullptr || *env == '\0') return kDefault;
+  const std::string value(env);
+  if (value == "0" || value == "1") return value == "1";
+  throw Error(Status::invalid_argument,
+              std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or 1, got '" + value + "'");
+}
+
 BwdWorkspaceLayout layout_of(const detail::Problem& p) {
   return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q);
 }
@@ -45,11 +60,12 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   if (row < 0)
     throw Error(Status::internal, std::string(call) + ": no backward tile row for head dim " + std::to_string(p.head_dim));
   const BwdTile& tile = kBwdTiles[row];
+  const bool cluster_pair = use_cluster_pair(call, tile, p);  // before any work: a bad override leaves nothing behind
   if (p.batch == 0 || p.heads_q == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;  // no gradient element
   const BwdWorkspaceLayout layout = layout_of(p);
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
-  if (n_blocks * p.heads_kv * p.batch > kMaxIndex || p.batch * p.heads_q * (layout.rows_padded / kDqUnitRows) > kMaxIndex ||
+  if ((n_blocks + 1) * p.heads_kv * p.batch > kMaxIndex || p.batch * p.heads_q * (layout.rows_padded / kDqUnitRows) > kMaxIndex ||
       layout.rows_padded > kMaxIndex)
     throw Error(Status::unsupported, std::string(call) + ": argument 'q': expected fewer than 2^31 key blocks and "
                                                          "query row chunks (batch·heads·blocks), got shape [" +
@@ -96,9 +112,12 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
 
   if (p.seqlen_k > 0) {
     BwdParams params;
+    params.cluster_pair = cluster_pair;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
-      const CoordSteps qs = map_tensor(q, p.head_dim, uint32_t(tile.block_m), &params.q_map);
-      const CoordSteps ds = map_tensor(dout, p.head_dim, uint32_t(tile.block_m), &params.dout_map);
+      // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
+      const uint32_t box_rows = uint32_t(params.cluster_pair ? bwd_pair_box_rows(tile) : tile.block_m);
+      const CoordSteps qs = map_tensor(q, p.head_dim, box_rows, &params.q_map);
+      const CoordSteps ds = map_tensor(dout, p.head_dim, box_rows, &params.dout_map);
       params.q_head_step = qs.head, params.q_batch_step = qs.batch;
       params.dout_head_step = ds.head, params.dout_batch_step = ds.batch;
     }
@@ -121,6 +140,8 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     params.heads_kv = int32_t(p.heads_kv);
     params.group = int32_t(p.group());
     params.n_blocks = int32_t(n_blocks);
+    params.n_block_slots = int32_t(params.cluster_pair ? (n_blocks + 1) / 2 * 2 : n_blocks);
+    const uint32_t grid = uint32_t(int64_t(params.n_block_slots) * p.heads_kv * p.batch);
     params.mask = p.mask;
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;
@@ -129,13 +150,13 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     params.trace = trace::begin_launch("sm90 bwd " + std::string(to_string(p.dtype)) + " d" +
                                            std::to_string(p.head_dim) + " tile " + std::to_string(tile.block_m) +
                                            "x" + std::to_string(tile.block_n) +
-                                           (p.deterministic ? " deterministic" : ""),
-                                       uint32_t(n_blocks * p.heads_kv * p.batch),
+                                           (p.deterministic ? " deterministic" : "") +
+                                           (params.cluster_pair ? " pair" : ""),
+                                       grid,
                                        bwd_trace_writer_names(bwd_consumer_warpgroups(tile)), cu_stream);
 #endif
     throw_if_cuda_error(call,
-                        launch_bwd_kernel(p.dtype, int(p.head_dim), params, uint32_t(n_blocks * p.heads_kv * p.batch),
-                                          cu_stream),
+                        launch_bwd_kernel(p.dtype, int(p.head_dim), params, grid, cu_stream),
                         "sm_90a backward launch failed");
   }
   if (p.seqlen_q > 0)

@@ -1,6 +1,8 @@
 // Backward load role: one producer warp; one elected lane loads the CTA's K and V tiles once, then for every
 // query head of the group and every query tile that sees the key block: Q and dO by TMA, LSE₂ and D (fp32 rows
 // of the workspace) by bulk copy, all four into one stage of the Q ring, armed with the stage's byte count.
+// With the CTA pair each CTA loads half of Q and dO for both (multicast) and its own LSE₂ and D; a stage is
+// refilled once both CTAs' consumers released it (the ring's empty barriers count the peer's warps too).
 // Tiles past seqlen_q/seqlen_k are zero-filled by TMA (the bytes still count); LSE₂ and D are padded in the
 // workspace, so their copies never leave it.
 #pragma once
@@ -8,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/pipeline/pipeline.cuh"
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/elect.cuh"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/sm90/bwd/shared_storage.cuh"
@@ -17,6 +20,27 @@
 #include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
+
+// The CTA pair: this CTA's half of a [Rows][HeadDim] Q or dO tile, TMA-multicast into both CTAs' stage (same
+// offsets), signalling both CTAs' full barriers at `full`'s offset. Rows split when the tile is one head-dim
+// chunk (the map's box is Rows / 2 rows), else the chunks split.
+template <int HeadDim, int Rows>
+__device__ __forceinline__ void load_tile_pair_half(uint8_t* smem_tile, const CUtensorMap* map, int32_t row,
+                                                    int32_t head, int32_t batch, uint64_t* full, uint32_t rank) {
+  constexpr int kChunks = HeadDim / kSw128Columns;
+  constexpr uint16_t kBothCtas = 0b11;
+  if constexpr (kChunks == 1) {
+    const int32_t coords[4] = {0, row + int32_t(rank) * (Rows / 2), head, batch};
+    ptx::tma_load_multicast(smem_tile + rank * (Rows / 2) * ptx::kSw128RowBytes, map, coords, full, kBothCtas);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kChunks / 2; ++c) {
+      const int chunk = int(rank) * (kChunks / 2) + c;
+      const int32_t coords[4] = {chunk * kSw128Columns, row, head, batch};
+      ptx::tma_load_multicast(smem_tile + chunk * Rows * ptx::kSw128RowBytes, map, coords, full, kBothCtas);
+    }
+  }
+}
 
 template <int Row>
 __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const BwdWork& work) {
@@ -39,6 +63,7 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
   FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
 
   const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
+  const uint32_t rank = p.cluster_pair ? ptx::cluster_ctarank() : 0u;
   auto stage = cuda::producer_start_state<Config::kStages>();
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
@@ -48,10 +73,17 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
       q_ring.producer_expect_tx(stage, Config::kQStageBytes);
       uint64_t* full = q_ring.full_barrier(stage);
-      load_tile<HeadDim, BlockM>(smem.q[stage.index], &p.q_map, m_block * BlockM, h * p.q_head_step,
-                                 work.batch * p.q_batch_step, full);
-      load_tile<HeadDim, BlockM>(smem.dout[stage.index], &p.dout_map, m_block * BlockM, h * p.dout_head_step,
-                                 work.batch * p.dout_batch_step, full);
+      if (Config::kPairCapable && p.cluster_pair) {  // the stage's bytes: this CTA's halves and the peer's
+        load_tile_pair_half<HeadDim, BlockM>(smem.q[stage.index], &p.q_map, m_block * BlockM, h * p.q_head_step,
+                                             work.batch * p.q_batch_step, full, rank);
+        load_tile_pair_half<HeadDim, BlockM>(smem.dout[stage.index], &p.dout_map, m_block * BlockM,
+                                             h * p.dout_head_step, work.batch * p.dout_batch_step, full, rank);
+      } else {
+        load_tile<HeadDim, BlockM>(smem.q[stage.index], &p.q_map, m_block * BlockM, h * p.q_head_step,
+                                   work.batch * p.q_batch_step, full);
+        load_tile<HeadDim, BlockM>(smem.dout[stage.index], &p.dout_map, m_block * BlockM, h * p.dout_head_step,
+                                   work.batch * p.dout_batch_step, full);
+      }
       const int64_t row = pair * p.ws.rows_padded + int64_t(m_block) * BlockM;
       ptx::bulk_load(smem.lse_log2[stage.index], p.ws.lse_log2 + row, Config::kRowVectorBytes, full);
       ptx::bulk_load(smem.dsum[stage.index], p.ws.dsum + row, Config::kRowVectorBytes, full);

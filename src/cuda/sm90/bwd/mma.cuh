@@ -5,7 +5,7 @@
 //   dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ lands (the softmax scale is applied once, to dK here and to dQ later),
 //   issues dV += Pᵀ·dO and dK += dSᵀ·Q (RS wgmma, P and dS packed to 16 bits straight from the registers),
 //   writes dSᵀ to shared memory, and once every warpgroup has (ds_ready) issues its slab of dQ = dS·K,
-//   then releases the stage and stages its dQ slab for the dQ writer warp (dq_reduce.cuh, dq_writer.cuh).
+//   then releases the stage (with the CTA pair, also the peer's, whose producer filled half of it) and stages its dQ slab for the dQ writer warp (dq_reduce.cuh, dq_writer.cuh).
 // dK and dV of the warpgroup's keys stay in registers over every query head of the group and every tile.
 #pragma once
 
@@ -120,6 +120,10 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       // releasing for its warp after a barrier was reported as a race). Before the staging, which may wait for
       // the dQ writer, so the producer refills the stage meanwhile.
       q_ring.consumer_release(stage);
+      if (Config::kPairCapable && p.cluster_pair) {  // the peer's producer wrote half of this stage: one per warp
+        __syncwarp();
+        if (threadIdx.x % 32 == 0) q_ring.consumer_release_peer(stage, ptx::cluster_ctarank() ^ 1u);
+      }
       ++stage;
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
       dq_stager.stage(dq);

@@ -43,7 +43,11 @@ struct BwdParams {
 
   int32_t seqlen_q = 0, seqlen_k = 0, heads_q = 0, heads_kv = 0;
   int32_t group = 1;     // query heads per kv head
-  int32_t n_blocks = 0;  // key blocks of block_n per (batch, kv head); grid = n_blocks · heads_kv · batch
+  int32_t n_blocks = 0;  // key blocks of block_n per (batch, kv head)
+  // CTAs per (batch, kv head): n_blocks, rounded up to even with cluster_pair (the odd one out is a phantom block
+  // past seqlen_k that keeps its peer's protocol). grid = n_block_slots · heads_kv · batch.
+  int32_t n_block_slots = 0;
+  bool cluster_pair = false;  // clusters of two CTAs on neighbouring key blocks (docs/sm90-backward.md)
   num::Mask mask;
   num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
   float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)

@@ -16,9 +16,14 @@ namespace fa4::sm90 {
 
 // What the two row kinds keep beside dSᵀ: each warpgroup's dQ staging buffer (key-split rows), or Pᵀ (column-split
 // rows: both warpgroups read all of it as dV's A operand), double-buffered like dSᵀ.
+// With the CTA pair, dq_incoming receives the half of each slab that this CTA adds for both (the peer's bulk
+// copy completes dq_incoming_full); dq_pushed_consumed tells that the peer has added the half pushed to it.
 template <class Config>
 struct DqStaging {
   alignas(16) float dq_staging[Config::kConsumerWarpgroups][Config::kDqStagingBytes / 4];
+  alignas(16) float dq_incoming[Config::kConsumerWarpgroups][Config::kDqHalfBytes / 4];
+  alignas(8) uint64_t dq_incoming_full[Config::kConsumerWarpgroups];
+  alignas(8) uint64_t dq_pushed_consumed[Config::kConsumerWarpgroups];
 };
 template <class Config>
 struct PtBuffers {

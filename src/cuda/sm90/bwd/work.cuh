@@ -43,10 +43,22 @@ template <int BlockM, int BlockN>
 __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
   BwdWork w;
   const int32_t linear = int32_t(blockIdx.x);
-  w.n_block = p.n_blocks - 1 - linear % p.n_blocks;  // the last key block first: see dq_turn_of
-  w.kv_head = (linear / p.n_blocks) % p.heads_kv;
-  w.batch = linear / p.n_blocks / p.heads_kv;
-  const RowInterval r = rows_seeing_key_block<BlockN>(p, w.n_block);
+  w.n_block = p.n_block_slots - 1 - linear % p.n_block_slots;  // the last key block first: see dq_turn_of
+  w.kv_head = (linear / p.n_block_slots) % p.heads_kv;
+  w.batch = linear / p.n_block_slots / p.heads_kv;
+  RowInterval r = rows_seeing_key_block<BlockN>(p, w.n_block);
+  if (p.cluster_pair) {
+    // A pair (blocks 2j, 2j + 1: consecutive CTAs, n_block_slots even) walks the union of its two ranges, so both
+    // CTAs take every step of the shared Q/dO stages and dQ exchange; a tile a block does not see is all masked
+    // (P = dS = 0: its dQ half is zeros, dK and dV are unchanged).
+    const RowInterval peer = rows_seeing_key_block<BlockN>(p, w.n_block ^ 1);
+    if (r.first > r.last) {
+      r = peer;
+    } else if (peer.first <= peer.last) {
+      r.first = peer.first < r.first ? peer.first : r.first;
+      r.last = peer.last > r.last ? peer.last : r.last;
+    }
+  }
   if (r.first <= r.last) {
     w.m_begin = int32_t(r.first / BlockM);
     w.m_end = int32_t(r.last / BlockM + 1);
