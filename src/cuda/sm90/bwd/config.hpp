@@ -102,8 +102,7 @@ enum class BwdBarrier : uint32_t {
   ds_ready = 1,         // every consumer warpgroup has written its dSᵀ rows (before dQ = dS·K)
   first_warpgroup = 2,  // consumer c's own 128 threads: first_warpgroup + c
   first_dq_full = first_warpgroup + kBwdMaxConsumerWarpgroups,  // consumer c's dQ slab is staged (+ the writer)
-  first_dq_empty = first_dq_full + kBwdMaxConsumerWarpgroups,   // the writer has read consumer c's staged slab
-  end = first_dq_empty + kBwdMaxConsumerWarpgroups,
+  end = first_dq_full + kBwdMaxConsumerWarpgroups,  // (the hand-back is an mbarrier: DqStaging::dq_empty)
 };
 static_assert(static_cast<uint32_t>(BwdBarrier::end) <= 16, "a CTA has 16 named barriers");
 

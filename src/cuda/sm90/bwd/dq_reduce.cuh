@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cuda/atomic>
 
+#include "cuda/pipeline/pipeline_state.hpp"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/named_barrier.cuh"
@@ -56,9 +57,11 @@ __device__ __forceinline__ float* dq_accum_unit(const BwdParams& p, int64_t pair
 
 // Consumer side of a key-split warpgroup's dQ: its fp32 slab of the tile goes to its staging buffer in the
 // accumulator order (float4 per register group and thread: contiguous, conflict-free), and the dQ writer warp
-// (dq_writer.cuh) adds it to the workspace. dq_full / dq_empty (named barriers of the warpgroup's 128 threads
-// and the writer's 32) hand the buffer over and back, so the warpgroup waits only when the writer still holds
-// the previous slab: in deterministic mode the wait for a turn overlaps a whole tile of compute.
+// (dq_writer.cuh) adds it to the workspace. dq_full (a named barrier of the warpgroup's 128 threads and the
+// writer's 32) hands the buffer over, dq_empty (an mbarrier of the writer's 32 lanes, each arriving after its
+// own reads: the CTA pair's writer reads the buffer with ordinary loads) hands it back, so the warpgroup waits
+// only when the writer still holds the previous slab: in deterministic mode the wait for a turn overlaps a
+// whole tile of compute.
 template <int Row>
 class DqStager {
  public:
@@ -66,12 +69,12 @@ class DqStager {
   static constexpr uint32_t kHandoffThreads = kWarpgroupThreads + 32;
   __device__ DqStager(BwdSharedStorage<Row>& smem, int consumer)
       : staging_(smem.scratch.dq_staging[consumer]),
-        full_(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(consumer)),
-        empty_(static_cast<uint32_t>(BwdBarrier::first_dq_empty) + uint32_t(consumer)) {}
+        empty_(&smem.scratch.dq_empty[consumer]),
+        full_(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(consumer)) {}
 
   __device__ void stage(const ptx::WgmmaAccumulator<Config::kDqN>& dq) {
     const int thread = threadIdx.x % kWarpgroupThreads;
-    if (!first_) ptx::named_barrier_sync(empty_, kHandoffThreads);  // the writer has read the previous slab
+    wait_for_buffer();  // the writer has read the previous slab
     first_ = false;
 #pragma unroll
     for (int g = 0; g < Config::kDqN / 8; ++g)
@@ -82,13 +85,19 @@ class DqStager {
   }
 
   // After the walk: takes the writer's last hand-back, so every arrival on dq_empty has its wait.
-  __device__ void finish() const {
-    if (!first_) ptx::named_barrier_sync(empty_, kHandoffThreads);
-  }
+  __device__ void finish() { wait_for_buffer(); }
 
  private:
+  __device__ void wait_for_buffer() {
+    if (first_) return;
+    ptx::mbarrier_wait_parity(empty_, empty_phase_.phase);
+    ++empty_phase_;
+  }
+
   float* staging_;
-  uint32_t full_, empty_;
+  uint64_t* empty_;
+  uint32_t full_;
+  cuda::PipelineState<1> empty_phase_ = cuda::consumer_start_state<1>();  // one hand-back per staged slab
   bool first_ = true;
 };
 

@@ -2,7 +2,7 @@
 // walk (the consumers' order) and every consumer warpgroup: waits until the warpgroup's slab is staged
 // (dq_full), adds it to the workspace's fp32 dQ accumulator with one bulk reduce-add (cp.reduce.async.bulk
 // .add.f32, one elected lane), waits until the reduce has read the staging buffer and hands it back
-// (dq_empty). Deterministic mode: before each add, waits for the slab's turn; after every warpgroup's add of the
+// (dq_empty, an mbarrier every writer lane arrives on). Deterministic mode: before each add, waits for the slab's turn; after every warpgroup's add of the
 // tile, waits until they are performed and passes the turns on. The consumers never wait for a turn, only for
 // their buffer.
 #pragma once
@@ -47,61 +47,66 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
     ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
   };
-  auto hand_back = [&](int c) {
+  auto hand_back = [&](int c) {  // every lane arrives after its own reads of the buffer (dq_empty counts 32)
     __syncwarp();
-    ptx::named_barrier_arrive(static_cast<uint32_t>(BwdBarrier::first_dq_empty) + uint32_t(c), kHandoffThreads);
+    ptx::mbarrier_arrive(&smem.scratch.dq_empty[c]);
   };
-  // The CTA pair (not with deterministic mode): each slab is summed half by half. This CTA pushes the peer's
-  // half of its slab into the peer's dq_incoming (bulk copy, completing the peer's dq_incoming_full), adds the
-  // half the peer pushed into its own half, signals the peer (dq_pushed_consumed: its incoming buffer is read, so
-  // the peer's pushed half is too) and reduce-adds its half. The buffer goes back to the consumers once that
-  // reduce has read it and the peer has added the half this CTA pushed.
+  // The CTA pair (not with deterministic mode): each slab is summed half by half. Per tile, this CTA pushes the
+  // peer's half of every warpgroup's slab into the peer's dq_incoming as soon as it is staged (bulk copies,
+  // completing the peer's dq_incoming_full), then per slab adds the half the peer pushed into its own half,
+  // tells the peer (dq_pushed_consumed: that incoming buffer is read, so the peer's pushed half is too) and
+  // reduce-adds its half. The buffers go back once the reduces have read them and the peer has added the halves
+  // pushed to it. Pushes first, then adds: each latency (DSMEM copy, the peer's progress) is paid once per tile.
   const bool paired = p.cluster_pair;
   const uint32_t rank = paired ? ptx::cluster_ctarank() : 0u, peer = rank ^ 1u;
   constexpr uint32_t kHalfFloats = Config::kDqHalfBytes / 4;
   auto exchange = cuda::consumer_start_state<1>();  // one phase of each exchange barrier per query tile
-  auto add_pair_half = [&](int c, float* accum_half, cuda::PipelineState<1> phase) {
-    float* staging = smem.scratch.dq_staging[c];
-    float* own_half = staging + rank * kHalfFloats;
-    const float* incoming = smem.scratch.dq_incoming[c];
-    uint64_t* incoming_full = &smem.scratch.dq_incoming_full[c];
-    uint64_t* pushed_consumed = &smem.scratch.dq_pushed_consumed[c];
-    if (leader) {
-      ptx::mbarrier_arrive_expect_tx(incoming_full, Config::kDqHalfBytes);
-      ptx::bulk_copy_to_peer(ptx::peer_shared(smem.scratch.dq_incoming[c], peer), staging + peer * kHalfFloats,
-                             Config::kDqHalfBytes, ptx::peer_shared(incoming_full, peer));
+  auto pair_tile = [&](int64_t pair, int32_t m_block) {
+#pragma unroll 1
+    for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+      take_slab(c);
+      if (leader) {
+        ptx::mbarrier_arrive_expect_tx(&smem.scratch.dq_incoming_full[c], Config::kDqHalfBytes);
+        ptx::bulk_copy_to_peer(ptx::peer_shared(smem.scratch.dq_incoming[c], peer),
+                               smem.scratch.dq_staging[c] + peer * kHalfFloats, Config::kDqHalfBytes,
+                               ptx::peer_shared(&smem.scratch.dq_incoming_full[c], peer));
+      }
     }
-    ptx::mbarrier_wait_parity(incoming_full, phase.phase);
     const int lane = int(threadIdx.x % 32);
+#pragma unroll 1
+    for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+      float* own_half = smem.scratch.dq_staging[c] + rank * kHalfFloats;
+      const float* incoming = smem.scratch.dq_incoming[c];
+      ptx::mbarrier_wait_parity(&smem.scratch.dq_incoming_full[c], exchange.phase);
 #pragma unroll 4
-    for (uint32_t i = uint32_t(lane) * 4; i < kHalfFloats; i += 32 * 4) {
-      float4 a = *reinterpret_cast<const float4*>(own_half + i);
-      const float4 b = *reinterpret_cast<const float4*>(incoming + i);
-      a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
-      *reinterpret_cast<float4*>(own_half + i) = a;
+      for (uint32_t i = uint32_t(lane) * 4; i < kHalfFloats; i += 32 * 4) {
+        float4 a = *reinterpret_cast<const float4*>(own_half + i);
+        const float4 b = *reinterpret_cast<const float4*>(incoming + i);
+        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
+        *reinterpret_cast<float4*>(own_half + i) = a;
+      }
+      ptx::fence_proxy_async_shared_cta();  // the sums, before the bulk reduce (async proxy) reads them
+      __syncwarp();
+      if (leader) {
+        ptx::mbarrier_arrive_peer(ptx::peer_shared(&smem.scratch.dq_pushed_consumed[c], peer));
+        ptx::bulk_reduce_add(slab_of(pair, m_block, c) + rank * kHalfFloats, own_half, Config::kDqHalfBytes);
+        ptx::tma_store_commit();
+        FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
+      }
     }
-    ptx::fence_proxy_async_shared_cta();  // the sums, before the bulk reduce (async proxy) reads them
-    __syncwarp();
-    if (leader) {
-      ptx::mbarrier_arrive_peer(ptx::peer_shared(pushed_consumed, peer));
-      ptx::bulk_reduce_add(accum_half, own_half, Config::kDqHalfBytes);
-      ptx::tma_store_commit();
-      ptx::tma_store_wait_read<0>();
-      ptx::mbarrier_wait_parity(pushed_consumed, phase.phase);
+    if (leader) ptx::tma_store_wait_read<0>();
+#pragma unroll 1
+    for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+      ptx::mbarrier_wait_parity(&smem.scratch.dq_pushed_consumed[c], exchange.phase);
+      hand_back(c);
     }
+    ++exchange;
   };
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       if (paired) {
-#pragma unroll 1
-        for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-          take_slab(c);
-          add_pair_half(c, slab_of(pair, m_block, c) + rank * kHalfFloats, exchange);
-          FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
-          hand_back(c);
-        }
-        ++exchange;
+        pair_tile(pair, m_block);
         continue;
       }
       if (!p.deterministic) {

@@ -44,6 +44,7 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, kConsumerThreads + (paired ? kConsumerThreads / 32 : 0u));
     if constexpr (Config::kPairCapable)
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+        ptx::mbarrier_init(&smem.scratch.dq_empty[c], 32);  // every lane of the dQ writer warp
         ptx::mbarrier_init(&smem.scratch.dq_incoming_full[c], 1);  // this CTA's arrival + the peer's bytes
         ptx::mbarrier_init(&smem.scratch.dq_pushed_consumed[c], 1);  // the peer's arrival
       }

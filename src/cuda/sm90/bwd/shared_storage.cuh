@@ -21,6 +21,7 @@ namespace fa4::sm90 {
 template <class Config>
 struct DqStaging {
   alignas(16) float dq_staging[Config::kConsumerWarpgroups][Config::kDqStagingBytes / 4];
+  alignas(8) uint64_t dq_empty[Config::kConsumerWarpgroups];  // the writer has read the slab (32 lane arrivals)
   alignas(16) float dq_incoming[Config::kConsumerWarpgroups][Config::kDqHalfBytes / 4];
   alignas(8) uint64_t dq_incoming_full[Config::kConsumerWarpgroups];
   alignas(8) uint64_t dq_pushed_consumed[Config::kConsumerWarpgroups];
