@@ -284,7 +284,7 @@ class ClusterOverride {
   std::optional<std::string> saved_;
 };
 
-// The CTA pair (d = 64, 128; the default) against the single-CTA kernel: both right, and the same dK/dV (the
+// The CTA pair (d = 64, 128; an option, FA4_BWD_CLUSTER=1) against the single-CTA kernel: both right, and the same dK/dV (the
 // pair's extra, fully masked tiles add exact zeros). Odd and even key-block counts (a phantom block past
 // seqlen_k), causal (the pair walks the union of two ranges), a window narrower than a key block (tiles between
 // the two ranges), GQA, unequal lengths.
@@ -302,6 +302,7 @@ TEST(GpuBackwardSm90, ClusterPairMatchesSingleCta) {
         BwdResult single, paired;
         {
           const ClusterOverride off("0");
+          check_backward_case(c);
           single = run_backward_on_gpu(c, false);
         }
         {
