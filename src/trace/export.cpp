@@ -19,8 +19,8 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr std::array<std::string_view, 9> kWaitNames = {"q",          "kv",      "k",         "v",      "tile_slot",
-                                                        "stage_free", "dq_turn", "dq_buffer", "barrier"};
+constexpr std::array<std::string_view, 10> kWaitNames = {"q",          "kv",      "k",         "v",       "tile_slot",
+                                                         "stage_free", "dq_turn", "dq_buffer", "barrier", "peer"};
 constexpr std::array<std::string_view, 7> kOperandNames = {"q", "k", "v", "dout", "lse", "dsum", "out"};
 
 template <size_t N>

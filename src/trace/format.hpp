@@ -37,7 +37,8 @@ enum class Kind : uint8_t {
 };
 
 // Pipelines and barriers a `wait_begin` names.
-enum class Wait : int32_t { q = 0, kv, k, v, tile_slot, stage_free, dq_turn, dq_buffer, barrier };
+// peer: the backward CTA pair's dQ exchange (the peer's pushed half, or its add of this CTA's half).
+enum class Wait : int32_t { q = 0, kv, k, v, tile_slot, stage_free, dq_turn, dq_buffer, barrier, peer };
 // What a `tma_issue` loads.
 enum class Operand : int32_t { q = 0, k, v, dout, lse, dsum, out };
 

@@ -77,7 +77,9 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
     for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
       float* own_half = smem.scratch.dq_staging[c] + rank * kHalfFloats;
       const float* incoming = smem.scratch.dq_incoming[c];
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::peer);
       ptx::mbarrier_wait_parity(&smem.scratch.dq_incoming_full[c], exchange.phase);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::peer);
 #pragma unroll 4
       for (uint32_t i = uint32_t(lane) * 4; i < kHalfFloats; i += 32 * 4) {
         float4 a = *reinterpret_cast<const float4*>(own_half + i);
@@ -95,11 +97,13 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       }
     }
     if (leader) ptx::tma_store_wait_read<0>();
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::peer);
 #pragma unroll 1
     for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
       ptx::mbarrier_wait_parity(&smem.scratch.dq_pushed_consumed[c], exchange.phase);
       hand_back(c);
     }
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::peer);
     ++exchange;
   };
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
