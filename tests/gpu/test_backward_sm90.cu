@@ -284,7 +284,7 @@ class ClusterOverride {
   std::optional<std::string> saved_;
 };
 
-// The CTA pair (d = 64, 128; an option, FA4_BWD_CLUSTER=1) against the single-CTA kernel: both right, and the same dK/dV (the
+// The CTA pair (d = 64, 128; an option, FA4_BWD_CLUSTER=1 or multicast) against the single-CTA kernel: both right, and the same dK/dV (the
 // pair's extra, fully masked tiles add exact zeros). Odd and even key-block counts (a phantom block past
 // seqlen_k), causal (the pair walks the union of two ranges), a window narrower than a key block (tiles between
 // the two ranges), GQA, unequal lengths.
@@ -299,19 +299,20 @@ TEST(GpuBackwardSm90, ClusterPairMatchesSingleCta) {
         c.options = options_for(m);
         if (m == MaskKind::window) c.options.window_left = 40, c.options.window_right = 7;
         c.seed = 5200 + uint64_t(d) + uint64_t(m) * 3 + uint64_t(seqlen_k % 2);
-        BwdResult single, paired;
+        BwdResult single;
         {
           const ClusterOverride off("0");
           check_backward_case(c);
           single = run_backward_on_gpu(c, false);
         }
-        {
-          const ClusterOverride on("1");
+        for (const char* mode : {"1", "multicast"}) {  // with the dQ exchange, and sharing Q/dO only
+          const ClusterOverride on(mode);
+          SCOPED_TRACE(std::string("FA4_BWD_CLUSTER=") + mode);
           check_backward_case(c);
-          paired = run_backward_on_gpu(c, false);
+          const BwdResult paired = run_backward_on_gpu(c, false);
+          EXPECT_TRUE(paired.dk_values == single.dk_values) << c.name() << ": dK differs between pair and single CTA";
+          EXPECT_TRUE(paired.dv_values == single.dv_values) << c.name() << ": dV differs between pair and single CTA";
         }
-        EXPECT_TRUE(paired.dk_values == single.dk_values) << c.name() << ": dK differs between pair and single CTA";
-        EXPECT_TRUE(paired.dv_values == single.dv_values) << c.name() << ": dV differs between pair and single CTA";
       }
 }
 

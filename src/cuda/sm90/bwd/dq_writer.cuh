@@ -57,8 +57,8 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   // tells the peer (dq_pushed_consumed: that incoming buffer is read, so the peer's pushed half is too) and
   // reduce-adds its half. The buffers go back once the reduces have read them and the peer has added the halves
   // pushed to it. Pushes first, then adds: each latency (DSMEM copy, the peer's progress) is paid once per tile.
-  const bool paired = p.cluster_pair;
-  const uint32_t rank = paired ? ptx::cluster_ctarank() : 0u, peer = rank ^ 1u;
+  const bool exchange_dq = p.cluster_pair && p.pair_dq_exchange;
+  const uint32_t rank = exchange_dq ? ptx::cluster_ctarank() : 0u, peer = rank ^ 1u;
   constexpr uint32_t kHalfFloats = Config::kDqHalfBytes / 4;
   auto exchange = cuda::consumer_start_state<1>();  // one phase of each exchange barrier per query tile
   auto pair_tile = [&](int64_t pair, int32_t m_block) {
@@ -109,7 +109,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
-      if (paired) {
+      if (exchange_dq) {
         pair_tile(pair, m_block);
         continue;
       }

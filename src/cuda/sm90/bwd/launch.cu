@@ -30,19 +30,27 @@ StridedRows strided_rows(const Tensor& t) {
   return r;
 }
 
-// Whether the main kernel runs as CTA pairs (clusters of two on neighbouring key blocks, docs/sm90-backward.md):
-// key-split rows outside deterministic mode (whose turns count single key blocks). FA4_BWD_CLUSTER=0 or 1
-// overrides the default for A/B runs; any other value is an error, not a silent default.
-bool use_cluster_pair(const char* call, const BwdTile& tile, const detail::Problem& p) {
-  if (!bwd_pair_capable(tile) || p.deterministic) return false;
+// Whether the main kernel runs as CTA pairs (clusters of two on neighbouring key blocks, docs/sm90-backward.md),
+// and whether the pair sums its dQ slabs through DSMEM: key-split rows outside deterministic mode (whose turns
+// count single key blocks). FA4_BWD_CLUSTER overrides the default for A/B runs: 0 (single CTAs), 1 (the pair
+// with the dQ exchange), multicast (the pair sharing Q/dO only; each CTA adds its own dQ slabs); any other value
+// is an error, not a silent default.
+struct PairMode {
+  bool pair = false, dq_exchange = false;
+};
+PairMode pair_mode(const char* call, const BwdTile& tile, const detail::Problem& p) {
+  if (!bwd_pair_capable(tile) || p.deterministic) return {};
   // Off: on the H200 the pair ran at 0.63-0.70x of the single-CTA kernel (perf-log B8), so it stays an option.
-  constexpr bool kDefault = false;
+  constexpr PairMode kDefault{};
   const char* env = std::getenv("FA4_BWD_CLUSTER");
   if (env == nullptr || *env == '\0') return kDefault;
   const std::string value(env);
-  if (value == "0" || value == "1") return value == "1";
-  throw Error(Status::invalid_argument,
-              std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or 1, got '" + value + "'");
+  if (value == "0") return {};
+  if (value == "1") return {true, true};
+  if (value == "multicast") return {true, false};
+  throw Error(Status::invalid_argument, std::string(call) +
+                                            ": environment FA4_BWD_CLUSTER: expected 0, 1 or multicast, got '" +
+                                            value + "'");
 }
 
 BwdWorkspaceLayout layout_of(const detail::Problem& p) {
@@ -61,7 +69,7 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   if (row < 0)
     throw Error(Status::internal, std::string(call) + ": no backward tile row for head dim " + std::to_string(p.head_dim));
   const BwdTile& tile = kBwdTiles[row];
-  const bool cluster_pair = use_cluster_pair(call, tile, p);  // before any work: a bad override leaves nothing behind
+  const PairMode pair = pair_mode(call, tile, p);  // before any work: a bad override leaves nothing behind
   if (p.batch == 0 || p.heads_q == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;  // no gradient element
   const BwdWorkspaceLayout layout = layout_of(p);
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
@@ -113,7 +121,8 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
 
   if (p.seqlen_k > 0) {
     BwdParams params;
-    params.cluster_pair = cluster_pair;
+    params.cluster_pair = pair.pair;
+    params.pair_dq_exchange = pair.dq_exchange;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
       const uint32_t box_rows = uint32_t(params.cluster_pair ? bwd_pair_box_rows(tile) : tile.block_m);
@@ -152,7 +161,7 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
                                            std::to_string(p.head_dim) + " tile " + std::to_string(tile.block_m) +
                                            "x" + std::to_string(tile.block_n) +
                                            (p.deterministic ? " deterministic" : "") +
-                                           (params.cluster_pair ? " pair" : ""),
+                                           (pair.pair ? (pair.dq_exchange ? " pair" : " pair multicast-only") : ""),
                                        grid,
                                        bwd_trace_writer_names(bwd_consumer_warpgroups(tile)), cu_stream);
 #endif

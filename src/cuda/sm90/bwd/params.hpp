@@ -47,7 +47,8 @@ struct BwdParams {
   // CTAs per (batch, kv head): n_blocks, rounded up to even with cluster_pair (the odd one out is a phantom block
   // past seqlen_k that keeps its peer's protocol). grid = n_block_slots · heads_kv · batch.
   int32_t n_block_slots = 0;
-  bool cluster_pair = false;  // clusters of two CTAs on neighbouring key blocks (docs/sm90-backward.md)
+  bool cluster_pair = false;      // clusters of two CTAs on neighbouring key blocks (docs/sm90-backward.md)
+  bool pair_dq_exchange = false;  // the pair sums its dQ slabs through DSMEM (else each CTA adds its own)
   num::Mask mask;
   num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
   float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)
