@@ -102,7 +102,9 @@ enum class BwdBarrier : uint32_t {
   ds_ready = 1,         // every consumer warpgroup has written its dSᵀ rows (before dQ = dS·K)
   first_warpgroup = 2,  // consumer c's own 128 threads: first_warpgroup + c
   first_dq_full = first_warpgroup + kBwdMaxConsumerWarpgroups,  // consumer c's dQ slab is staged (+ the writer)
-  end = first_dq_full + kBwdMaxConsumerWarpgroups,  // (the hand-back is an mbarrier: DqStaging::dq_empty)
+  // (the hand-back is an mbarrier: DqStaging::dq_empty)
+  dq_adders = first_dq_full + kBwdMaxConsumerWarpgroups,  // the CTA pair's three dQ adder warps (dq_exchange.cuh)
+  end,
 };
 static_assert(static_cast<uint32_t>(BwdBarrier::end) <= 16, "a CTA has 16 named barriers");
 

@@ -18,6 +18,7 @@
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/named_barrier.cuh"
 #include "cuda/ptx/tma.cuh"
+#include "cuda/sm90/bwd/dq_exchange.cuh"
 #include "cuda/sm90/bwd/dq_reduce.cuh"
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
@@ -47,70 +48,18 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
     ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
   };
-  auto hand_back = [&](int c) {  // every lane arrives after its own reads of the buffer (dq_empty counts 32)
-    __syncwarp();
-    ptx::mbarrier_arrive(&smem.scratch.dq_empty[c]);
-  };
-  // The CTA pair (not with deterministic mode): each slab is summed half by half. Per tile, this CTA pushes the
-  // peer's half of every warpgroup's slab into the peer's dq_incoming as soon as it is staged (bulk copies,
-  // completing the peer's dq_incoming_full), then per slab adds the half the peer pushed into its own half,
-  // tells the peer (dq_pushed_consumed: that incoming buffer is read, so the peer's pushed half is too) and
-  // reduce-adds its half. The buffers go back once the reduces have read them and the peer has added the halves
-  // pushed to it. Pushes first, then adds: each latency (DSMEM copy, the peer's progress) is paid once per tile.
+  auto hand_back = [&](int c) { dq_hand_back(smem, c); };
+  // The CTA pair's dQ exchange (dq_exchange.cuh): this warp takes the slabs and issues every bulk operation;
+  // the producer warpgroup's idle warps help with the adds (bwd_dq_adder_role).
   const bool exchange_dq = p.cluster_pair && p.pair_dq_exchange;
-  const uint32_t rank = exchange_dq ? ptx::cluster_ctarank() : 0u, peer = rank ^ 1u;
-  constexpr uint32_t kHalfFloats = Config::kDqHalfBytes / 4;
+  const DqPairExchange<Row> pair_exchange(smem, exchange_dq ? ptx::cluster_ctarank() : 0u, 0, leader);
   auto exchange = cuda::consumer_start_state<1>();  // one phase of each exchange barrier per query tile
-  auto pair_tile = [&](int64_t pair, int32_t m_block) {
-#pragma unroll 1
-    for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-      take_slab(c);
-      if (leader) {
-        ptx::mbarrier_arrive_expect_tx(&smem.scratch.dq_incoming_full[c], Config::kDqHalfBytes);
-        ptx::bulk_copy_to_peer(ptx::peer_shared(smem.scratch.dq_incoming[c], peer),
-                               smem.scratch.dq_staging[c] + peer * kHalfFloats, Config::kDqHalfBytes,
-                               ptx::peer_shared(&smem.scratch.dq_incoming_full[c], peer));
-      }
-    }
-    const int lane = int(threadIdx.x % 32);
-#pragma unroll 1
-    for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-      float* own_half = smem.scratch.dq_staging[c] + rank * kHalfFloats;
-      const float* incoming = smem.scratch.dq_incoming[c];
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::peer);
-      ptx::mbarrier_wait_parity(&smem.scratch.dq_incoming_full[c], exchange.phase);
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::peer);
-#pragma unroll 4
-      for (uint32_t i = uint32_t(lane) * 4; i < kHalfFloats; i += 32 * 4) {
-        float4 a = *reinterpret_cast<const float4*>(own_half + i);
-        const float4 b = *reinterpret_cast<const float4*>(incoming + i);
-        a.x += b.x, a.y += b.y, a.z += b.z, a.w += b.w;
-        *reinterpret_cast<float4*>(own_half + i) = a;
-      }
-      ptx::fence_proxy_async_shared_cta();  // the sums, before the bulk reduce (async proxy) reads them
-      __syncwarp();
-      if (leader) {
-        ptx::mbarrier_arrive_peer(ptx::peer_shared(&smem.scratch.dq_pushed_consumed[c], peer));
-        ptx::bulk_reduce_add(slab_of(pair, m_block, c) + rank * kHalfFloats, own_half, Config::kDqHalfBytes);
-        ptx::tma_store_commit();
-        FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
-      }
-    }
-    if (leader) ptx::tma_store_wait_read<0>();
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::peer);
-#pragma unroll 1
-    for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-      ptx::mbarrier_wait_parity(&smem.scratch.dq_pushed_consumed[c], exchange.phase);
-      hand_back(c);
-    }
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::peer);
-    ++exchange;
-  };
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       if (exchange_dq) {
-        pair_tile(pair, m_block);
+        pair_exchange.tile(exchange, take_slab, [&](int c) { return slab_of(pair, m_block, c); }, rec, m_block);
+        ++exchange;
         continue;
       }
       if (!p.deterministic) {

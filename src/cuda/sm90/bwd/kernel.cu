@@ -8,6 +8,7 @@
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
+#include "cuda/sm90/bwd/dq_exchange.cuh"
 #include "cuda/sm90/bwd/dq_writer.cuh"
 #include "cuda/sm90/bwd/epilogue.cuh"
 #include "cuda/sm90/bwd/kernel.hpp"
@@ -21,8 +22,8 @@
 namespace fa4::sm90 {
 namespace {
 
-// Warpgroup 0 produces (its warp 0 issues every load, its warp 1 adds the staged dQ slabs of key-split rows; it
-// gives registers back and its other warps exit); warpgroups 1 .. block_n/64 each own 64 keys (column-split
+// Warpgroup 0 produces (its warp 0 issues every load, its warp 1 adds the staged dQ slabs of key-split rows, its
+// warps 2 and 3 help with the CTA pair's dQ exchange or idle; it gives registers back); warpgroups 1 .. block_n/64 each own 64 keys (column-split
 // rows: warpgroups 1 and 2 share them).
 enum class BwdRole { load, mma_epilogue };
 constexpr int kLoadWarp = 0, kDqWriterWarp = 1;  // warps of the producer warpgroup (the other two exit)
@@ -44,7 +45,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, kConsumerThreads + (paired ? kConsumerThreads / 32 : 0u));
     if constexpr (Config::kPairCapable)
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-        ptx::mbarrier_init(&smem.scratch.dq_empty[c], 32);  // every lane of the dQ writer warp
+        // every lane of the dQ writer warp, and of the two helper warps when the pair exchanges dQ halves
+        ptx::mbarrier_init(&smem.scratch.dq_empty[c], paired && p.pair_dq_exchange ? kDqAdderThreads : 32u);
         ptx::mbarrier_init(&smem.scratch.dq_incoming_full[c], 1);  // this CTA's arrival + the peer's bytes
         ptx::mbarrier_init(&smem.scratch.dq_pushed_consumed[c], 1);  // the peer's arrival
       }
@@ -59,8 +61,10 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     ptx::setmaxnreg_dec<Config::kProducerRegisters>();
     const int warp = threadIdx.x / 32;
     if (warp == kLoadWarp) bwd_load_role<Row>(p, smem, work);
-    if constexpr (!Config::kColumnSplit)
+    if constexpr (!Config::kColumnSplit) {
       if (warp == kDqWriterWarp) bwd_dq_writer_role<Row>(p, smem, work);
+      if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, work, warp - kDqWriterWarp);
+    }
     if (paired) ptx::cluster_sync();  // see below
     return;
   }
