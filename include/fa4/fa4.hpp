@@ -60,6 +60,14 @@ struct Options {
   float exp2_emulated_fraction = 0.0f; // 0 = hardware exp2; k/16 of the elements on the FMA pipe
   float rescale_threshold = 8.0f;      // tau (log2 units), in [0, 15]
   bool deterministic = false;
+  // Attention sinks (gpt-oss; FlashAttention-4's learnable_sink): per query head one logit, in the units of the
+  // scaled scores (neither scaled nor capped), that joins every row's softmax denominator as a key whose value
+  // is zero: lse = log(exp(sink_h) + sum_j exp(s_ij)). fp32 [heads_q] on q's device; nullptr: none. A row that
+  // sees no key then has out = 0 and lse = sink_h. (CPU backend only in this version: CUDA refuses it.)
+  const Tensor* sinks = nullptr;
+  // Backward only, with sinks: their gradient, fp32 [heads_q], overwritten with
+  // dsink_h = -sum over batch and rows of exp(sink_h - lse) * rowsum(dout * out). nullptr: not computed.
+  const Tensor* dsinks = nullptr;
 };
 
 class Error : public std::runtime_error {

@@ -54,6 +54,7 @@ Support supports(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, c
       throw Error(Status::invalid_argument, "fa4::supports: argument 'pass': expected forward or backward, got code " +
                                                 std::to_string(static_cast<int>(pass)));
     const detail::Problem p = detail::validate_inputs("fa4::supports", q, k, v, options);
+    detail::check_sink_options("fa4::supports", options, p.heads_q, q, pass == Pass::forward);
     detail::require_pass("fa4::supports", p, pass);
     return {true, Status::ok, ""};
   } catch (const Error& e) {

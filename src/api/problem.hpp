@@ -25,6 +25,8 @@ struct Problem {
   float rescale_threshold = 8.0f;
   int exp2_emulated_per16 = 0;
   bool deterministic = false;
+  const Tensor* sinks = nullptr;   // fp32 [heads_q] (validated); nullptr: none
+  const Tensor* dsinks = nullptr;  // backward, with sinks: fp32 [heads_q] output; nullptr: not computed
 
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };

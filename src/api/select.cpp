@@ -43,6 +43,10 @@ Backend require_backend(const char* call, const Problem& p) {
   if (!sm90::has_forward_kernel(p.dtype, p.head_dim))
     unsupported(call, "a (dtype, head_dim) with a compiled CUDA kernel (" + compiled_kernels() + "; or cpu tensors)",
                 got);
+  if (p.sinks)
+    throw Error(Status::unsupported, std::string(call) +
+                                         ": argument 'options.sinks': expected null for cuda tensors (attention sinks "
+                                         "run on the CPU backend in this version), got a tensor");
   if (!sm90::device_is_sm90(p.device_index))
     unsupported(call, "cuda tensors on a compute capability 9.0 (Hopper) GPU, the only one this build has kernels for",
                 "cuda device " + std::to_string(p.device_index));

@@ -125,6 +125,17 @@ void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws
 
 }  // namespace
 
+void check_sink_options(const char* call, const Options& o, int64_t heads_q, const Tensor& q, bool forward) {
+  for (auto [name, t] : {std::pair{"options.sinks", o.sinks}, {"options.dsinks", o.dsinks}}) {
+    if (t == nullptr) continue;
+    check_tensor(call, name, *t, 1);
+    check_same_kind(call, name, *t, q, DType::f32);
+    if (t->shape[0] != heads_q) invalid(call, name, "shape [" + std::to_string(heads_q) + "] ([heads_q])", shape_string(*t));
+  }
+  if (o.dsinks && !o.sinks) invalid(call, "options.dsinks", "null unless options.sinks is given", "a tensor");
+  if (o.dsinks && forward) invalid(call, "options.dsinks", "null (only the backward writes the sinks' gradient)", "a tensor");
+}
+
 Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& o) {
   check_tensor(call, "q", q, 4);
   check_tensor(call, "k", k, 4);
@@ -181,6 +192,9 @@ Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, cons
          "0 for f32/f64 inputs (the emulation's 8.8e-5 relative error is a bf16/fp16 policy)",
          std::to_string(o.exp2_emulated_fraction) + " with " + to_string(p.dtype));
   p.deterministic = o.deterministic;
+  check_sink_options(call, o, p.heads_q, q, false);
+  p.sinks = o.sinks;
+  p.dsinks = o.dsinks;
 
   require_backend(call, p);  // the device and dtype must have a backend in this build
   require_layout(call, p, q, k, v);  // and its kernels must be able to read these strides
@@ -191,6 +205,7 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
                          const Options& options, Workspace workspace, Stream stream) {
   const char* call = "fa4::forward";
   Problem p = validate_inputs(call, q, k, v, options);
+  check_sink_options(call, options, p.heads_q, q, true);
   check_tensor(call, "out", out, 4);
   check_same_kind(call, "out", out, q, q.dtype);
   check_same_shape(call, "out", out, "q", q);
@@ -231,6 +246,11 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   for (const auto& o : outputs)
     for (const auto& a : all)
       if (std::string(a.first) != o.first) check_disjoint(call, o.first, *o.second, a.first, *a.second);
+  if (options.dsinks) {
+    check_no_self_overlap(call, "options.dsinks", *options.dsinks);
+    check_disjoint(call, "options.dsinks", *options.dsinks, "options.sinks", *options.sinks);
+    for (const auto& a : all) check_disjoint(call, "options.dsinks", *options.dsinks, a.first, *a.second);
+  }
   require_backward_layout(call, p, dout);
   check_workspace(call, p, Pass::backward, workspace, stream);
   return p;

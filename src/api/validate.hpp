@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 #include "api/problem.hpp"
@@ -15,6 +16,10 @@ namespace fa4::detail {
                        const std::string& got);
 // "[d0, d1, ...]" over the tensor's rank.
 std::string shape_string(const Tensor& t);
+
+// options.sinks and options.dsinks against heads_q query heads on q's device (validate_inputs runs it); a
+// forward pass (forward = true) refuses dsinks, which only the backward writes.
+void check_sink_options(const char* call, const Options& options, int64_t heads_q, const Tensor& q, bool forward);
 
 // The inputs and options alone (what `supports` and `workspace_size` see).
 Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options);

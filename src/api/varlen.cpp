@@ -157,6 +157,7 @@ void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Ten
   const std::vector<Sequence> seqs = sequences(call, q, k, v, varlen);
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   if (lse) check_lse(call, *lse, q);
+  detail::check_sink_options(call, options, q.shape[1], q, true);
   require_all(Pass::forward, seqs, q, k, v, options);
   for (const auto& [begin, end] : uncovered(seqs, false, q.shape[0])) {
     zero_rows(out, begin, end - begin);
@@ -183,14 +184,29 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   check_packed(call, "dk", dk, k.shape[0], k.shape[1], k.shape[2], q);
   check_packed(call, "dv", dv, k.shape[0], k.shape[1], k.shape[2], q);
   check_lse(call, lse, q);
+  detail::check_sink_options(call, options, q.shape[1], q, false);
   require_all(Pass::backward, seqs, q, k, v, options);
   for (const auto& [begin, end] : uncovered(seqs, false, q.shape[0])) zero_rows(dq, begin, end - begin);
   for (const auto& [begin, end] : uncovered(seqs, true, k.shape[0])) zero_rows(dk, begin, end - begin), zero_rows(dv, begin, end - begin);
-  for (const Sequence& s : seqs)
+  // The sinks' gradient sums over every sequence: each call writes its own into a scratch vector.
+  const int64_t heads = q.shape[1];
+  std::vector<float> seq_dsinks(options.dsinks ? size_t(heads) : 0), dsinks(seq_dsinks.size(), 0.0f);
+  Options seq_options = options;
+  Tensor seq_dsinks_t;
+  if (options.dsinks) {
+    seq_dsinks_t.data = seq_dsinks.data(), seq_dsinks_t.dtype = DType::f32, seq_dsinks_t.device = Device::cpu;
+    seq_dsinks_t.rank = 1, seq_dsinks_t.shape = {heads, 0, 0, 0}, seq_dsinks_t.stride = {1, 0, 0, 0};
+    seq_options.dsinks = &seq_dsinks_t;
+  }
+  for (const Sequence& s : seqs) {
     backward(rows_view(q, s.q0, s.q_len), rows_view(k, s.k0, s.k_len), rows_view(v, s.k0, s.k_len),
              rows_view(out, s.q0, s.q_len), rows_view(dout, s.q0, s.q_len), lse_view(lse, s.q0, s.q_len),
-             rows_view(dq, s.q0, s.q_len), rows_view(dk, s.k0, s.k_len), rows_view(dv, s.k0, s.k_len), options,
+             rows_view(dq, s.q0, s.q_len), rows_view(dk, s.k0, s.k_len), rows_view(dv, s.k0, s.k_len), seq_options,
              workspace, stream);
+    for (size_t h = 0; h < dsinks.size(); ++h) dsinks[h] += seq_dsinks[h];
+  }
+  for (size_t h = 0; h < dsinks.size(); ++h)
+    static_cast<float*>(options.dsinks->data)[int64_t(h) * options.dsinks->stride[0]] = dsinks[h];
 }
 
 Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,

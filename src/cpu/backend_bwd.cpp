@@ -163,12 +163,26 @@ struct RowState {
   }
 };
 
+// dsink_h = -sum over batch and rows of P_sink D = -sum exp(sink_h - LSE) D (the sink's value is zero, so its dP
+// is 0); a row that sees no key has O = 0, so D = 0 there.
+void sink_gradient(const detail::Problem& p, const Tensor& lse, const std::vector<float>& dsums) {
+  for (int64_t h = 0; h < p.heads_q; ++h) {
+    const double sink = sink_logit(p, h);
+    double sum = 0;
+    for (int64_t b = 0; b < p.batch; ++b)
+      for (int64_t i = 0; i < p.seqlen_q; ++i)
+        sum -= std::exp(sink - double(lse_at(lse, b, h, i))) * double(dsums[(b * p.heads_q + h) * p.seqlen_q + i]);
+    vector_at(*p.dsinks, h) = float(sum);
+  }
+}
+
 template <class Products>
 void backward_blocks(const detail::Problem& p, const Tensor& out, const Tensor& dout, const Tensor& lse,
                      const Tensor& dq, const Tensor& dk, const Tensor& dv, const Products& prod) {
   const int64_t d = p.head_dim, astride = prod.acc_stride();
   const auto st = num::ScoreTransform::make(p.scale, p.softcap);
   const std::vector<float> dsums = row_dots(p, out, dout);
+  if (p.dsinks) sink_gradient(p, lse, dsums);
   const int64_t nq = (p.seqlen_q + kBlockRows - 1) / kBlockRows;
 
   // Pass 1: dK, dV.

@@ -105,8 +105,10 @@ void forward_blocks(const detail::Problem& p, const Tensor& q, const Tensor& out
       const int64_t rows = prod.padded_rows(n);
       prod.load_q(thread, q, w.b, w.h, i0, n, rows);
       std::fill(o.data(), o.data() + kBlockRows * ostride, 0.0f);
-      std::fill(m.begin(), m.end(), -INFINITY);
-      std::fill(l.begin(), l.end(), 0.0f);
+      // An attention sink starts every row as a key of value zero already seen: m = its logit (log2 units), l = 1.
+      const float m0 = float(sink_logit(p, w.h)) * num::kLog2e;  // -inf without a sink (or a sink of -inf)
+      std::fill(m.begin(), m.end(), m0);
+      std::fill(l.begin(), l.end(), m0 == -INFINITY ? 0.0f : 1.0f);
 
       const KeySpan keys = keys_of_rows(p.mask, i0, i0 + n);
       for (int64_t j0 = first_block_start(keys.begin); j0 < keys.end; j0 += kBlockKeys * Products::kBlocksPerStep) {

@@ -1,5 +1,6 @@
 #include "cpu/reference.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -75,10 +76,12 @@ void forward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, co
       std::vector<Acc> qrow(d), s(p.seqlen_k), t(p.seqlen_k), o(d);
       for (int64_t i = 0; i < p.seqlen_q; ++i) {
         load_row(q, b, i, h, d, qrow.data());
-        const Acc mx = row_scores(p, qrow, kmat, i, rnd, s, t);
+        const Acc sink = static_cast<Acc>(sink_logit(p, h));  // a key of value zero in the denominator
+        const Acc mx = std::max(row_scores(p, qrow, kmat, i, rnd, s, t), sink);
         std::fill(o.begin(), o.end(), Acc(0));
         Acc l = 0;
         if (mx != -std::numeric_limits<Acc>::infinity()) {
+          l = std::exp(sink - mx);
           for (int64_t j = 0; j < p.seqlen_k; ++j) {
             const Acc e = std::exp(s[j] - mx);
             l += e;
@@ -101,9 +104,12 @@ void forward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, co
   }
 }
 
+// dsinks (with p.dsinks): per (b, h) the partial sums, added over the batch after the parallel loop.
 template <class Acc>
 void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
                    const Tensor& dq, const Tensor& dk, const Tensor& dv, const Rounder& rnd) {
+  std::vector<double> partial(p.dsinks ? static_cast<size_t>(p.batch * p.heads_q) : 0);
+  std::vector<double>* const dsink_partial = p.dsinks ? &partial : nullptr;
   const int64_t d = p.head_dim;
   const Acc scale = static_cast<Acc>(p.scale);
   // One (b, kv head) per task: it owns dK, dV of that head and dQ of its query heads, so nothing races.
@@ -115,13 +121,15 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
       std::vector<Acc> dkacc(static_cast<size_t>(p.seqlen_k * d), 0), dvacc(static_cast<size_t>(p.seqlen_k * d), 0);
       std::vector<Acc> qrow(d), dorow(d), dqrow(d), s(p.seqlen_k), t(p.seqlen_k), dp(p.seqlen_k);
       for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
+        const Acc sink = static_cast<Acc>(sink_logit(p, h));
+        Acc dsink = 0;  // -sum_i P_i,sink D_i (the sink's value is zero, so its dP is 0)
         for (int64_t i = 0; i < p.seqlen_q; ++i) {
           load_row(q, b, i, h, d, qrow.data());
           load_row(dout, b, i, h, d, dorow.data());
           std::fill(dqrow.begin(), dqrow.end(), Acc(0));
-          const Acc mx = row_scores(p, qrow, kmat, i, rnd, s, t);
+          const Acc mx = std::max(row_scores(p, qrow, kmat, i, rnd, s, t), sink);
           if (mx != -std::numeric_limits<Acc>::infinity()) {
-            Acc l = 0;
+            Acc l = std::exp(sink - mx);
             for (int64_t j = 0; j < p.seqlen_k; ++j) l += std::exp(s[j] - mx);
             Acc dsum = 0;  // D_i = sum_j P_ij dP_ij (= dO_i . O_i)
             for (int64_t j = 0; j < p.seqlen_k; ++j) {
@@ -135,6 +143,7 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
               dp[j] = rnd(acc);
               dsum += s[j] * dp[j];
             }
+            dsink -= std::exp(sink - mx) / l * dsum;
             for (int64_t j = 0; j < p.seqlen_k; ++j) {
               if (s[j] == 0) continue;
               Acc ds = s[j] * (dp[j] - dsum);
@@ -150,6 +159,7 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
           for (int64_t c = 0; c < d; ++c) dqrow[c] = rnd(dqrow[c]);
           store_row(dq, b, i, h, d, dqrow.data());
         }
+        if (dsink_partial) (*dsink_partial)[static_cast<size_t>(b * p.heads_q + h)] = static_cast<double>(dsink);
       }
       for (int64_t j = 0; j < p.seqlen_k; ++j) {
         for (int64_t c = 0; c < d; ++c) {
@@ -159,6 +169,13 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
         store_row(dk, b, j, hk, d, dkacc.data() + j * d);
         store_row(dv, b, j, hk, d, dvacc.data() + j * d);
       }
+    }
+  }
+  if (p.dsinks) {
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      double sum = 0;
+      for (int64_t b = 0; b < p.batch; ++b) sum += partial[static_cast<size_t>(b * p.heads_q + h)];
+      vector_at(*p.dsinks, h) = static_cast<float>(sum);
     }
   }
 }
@@ -189,10 +206,11 @@ double reference_forward_row(const detail::Problem& p, const Tensor& q, const Te
   const auto kmat = load_head<double>(k, b, hk, p.seqlen_k, d);
   std::vector<double> qrow(d), s(p.seqlen_k), t(p.seqlen_k), vrow(d);
   load_row(q, b, i, h, d, qrow.data());
-  const double mx = row_scores(p, qrow, kmat, i, Rounder{p.dtype, false}, s, t);
+  const double sink = sink_logit(p, h);
+  const double mx = std::max(row_scores(p, qrow, kmat, i, Rounder{p.dtype, false}, s, t), sink);
   for (int64_t c = 0; c < d; ++c) out_row[c] = 0;
   if (mx == -std::numeric_limits<double>::infinity()) return -std::numeric_limits<double>::infinity();
-  double l = 0;
+  double l = std::exp(sink - mx);
   for (int64_t j = 0; j < p.seqlen_k; ++j) l += (s[j] = std::exp(s[j] - mx));
   for (int64_t j = 0; j < p.seqlen_k; ++j) {
     if (s[j] == 0) continue;
@@ -212,9 +230,10 @@ void reference_backward_dq_row(const detail::Problem& p, const Tensor& q, const 
   load_row(q, b, i, h, d, qrow.data());
   load_row(dout, b, i, h, d, dorow.data());
   for (int64_t c = 0; c < d; ++c) dq_row[c] = 0;
-  const double mx = row_scores(p, qrow, kmat, i, Rounder{p.dtype, false}, s, t);
+  const double sink = sink_logit(p, h);
+  const double mx = std::max(row_scores(p, qrow, kmat, i, Rounder{p.dtype, false}, s, t), sink);
   if (mx == -std::numeric_limits<double>::infinity()) return;
-  double l = 0, dsum = 0;
+  double l = std::exp(sink - mx), dsum = 0;
   for (int64_t j = 0; j < p.seqlen_k; ++j) l += (s[j] = std::exp(s[j] - mx));
   for (int64_t j = 0; j < p.seqlen_k; ++j) {
     s[j] /= l;

@@ -4,7 +4,8 @@
 // Precision::storage is the "same-precision naive" baseline of FlashAttention's tolerance rule: fp32
 // arithmetic, with the results of each matrix product (S, P, O; dP, dS, dQ, dK, dV) rounded to the input
 // dtype as a framework's bf16/fp16 matmuls would round them.
-// Outputs may be of any dtype (f64 buffers keep the reference unrounded).
+// Outputs may be of any dtype (f64 buffers keep the reference unrounded). Attention sinks (p.sinks) join each
+// row's denominator; the backward also writes p.dsinks when given (fp32).
 #pragma once
 
 #include "api/problem.hpp"

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
+#include "api/problem.hpp"
 #include "fa4/fa4.hpp"
 #include "numerics/convert.hpp"
 
@@ -71,6 +73,14 @@ inline void store_row(const Tensor& t, int64_t b, int64_t s, int64_t h, int64_t 
 // The LSE is [batch, heads, seqlen_q], fp32.
 inline float& lse_at(const Tensor& lse, int64_t b, int64_t h, int64_t i) {
   return static_cast<float*>(lse.data)[b * lse.stride[0] + h * lse.stride[1] + i * lse.stride[2]];
+}
+
+// Element i of a rank-1 fp32 tensor (the attention sinks and their gradient, [heads_q]).
+inline float& vector_at(const Tensor& t, int64_t i) { return static_cast<float*>(t.data)[i * t.stride[0]]; }
+
+// Head h's sink logit (natural-log units of the scaled scores), -inf without sinks: exp(sink) then adds 0.
+inline double sink_logit(const detail::Problem& p, int64_t h) {
+  return p.sinks ? double(vector_at(*p.sinks, h)) : -std::numeric_limits<double>::infinity();
 }
 
 }  // namespace fa4::cpu

@@ -109,7 +109,14 @@ CaseResult run_case(const CaseSpec& spec, Executor* executor) {
   const double rtol = spec.options.softcap > 0 ? 3.0 : 2.0;
   CaseResult r;
   r.out = compare(out.values(), out_ref.values(), out_naive.values(), spec.dtype, rtol, 0.0);
-  r.lse = compare(lse.values(), lse_ref.values(), lse_naive.values(), DType::f32, rtol, 0.0);
+  // The LSE: the flash algorithm works in log2 units (scores folded with scale·log2e, LSE = (m + log2 l)·ln2),
+  // which costs a few fp32 ulp of the LSE's magnitude that the natural-log baseline does not pay (on a small or
+  // sink-dominated row the baseline's own error can be 0): allowed as 4 ulp of max|ref| over the finite rows.
+  const std::vector<double> lse_r = lse_ref.values();
+  double lse_scale = 0;
+  for (double x : lse_r)
+    if (std::isfinite(x)) lse_scale = std::max(lse_scale, std::fabs(x));
+  r.lse = compare(lse.values(), lse_r, lse_naive.values(), DType::f32, rtol, 4 * 0x1p-23 * lse_scale);
   r.pass = r.out.pass && r.lse.pass;
   if (!r.out.pass) r.failure = "out: " + r.out.summary();
   else if (!r.lse.pass) r.failure = "lse: " + r.lse.summary();

@@ -3,7 +3,8 @@
 //
 //   max|ours - ref| <= rtol * max|naive_same_precision - ref| + atol,   rtol = 2 (3 with softcap)
 //   atol = 2 * max|round(round(ref + 0.3) - 0.3) - ref| in the output dtype (about one ulp of the values),
-//   plus 3e-4 on gradients with softcap, and on f32 gradients 4 ulp of max|ref| (see run_case).
+//   plus 3e-4 on gradients with softcap, and on f32 gradients and on the (fp32) LSE 4 ulp of max|ref| (see
+//   run_case).
 #pragma once
 
 #include <string>
