@@ -30,7 +30,7 @@ typedef enum fa4_dtype { FA4_F32 = 0, FA4_F16 = 1, FA4_BF16 = 2, FA4_F64 = 3 } f
 typedef enum fa4_device { FA4_CPU = 0, FA4_CUDA = 1 } fa4_device;
 typedef enum fa4_pass { FA4_FORWARD = 0, FA4_BACKWARD = 1 } fa4_pass;
 
-/* rank 4 for q/k/v/out/dout/dq/dk/dv ([b, s, h, d]); rank 3 for the LSE ([b, h, s_q]). */
+/* rank 4 for q/k/v/out/dout/dq/dk/dv ([b, s, h, d]); rank 3 for the LSE ([b, h, s_q]); rank 1 for sinks. */
 typedef struct fa4_tensor {
   void* data;
   int32_t dtype;  /* fa4_dtype */
@@ -52,6 +52,10 @@ typedef struct fa4_options {
   float exp2_emulated_fraction; /* 0: hardware exp2 only; k/16 (k = 1..16): that share on the FMA pipe */
   float rescale_threshold;   /* tau, log2 units, in [0, 15]: keep a stale row max until it grows by more */
   int32_t deterministic;     /* bitwise identical results over repeated runs (backward) */
+  /* Appended (a struct_size that ends before them reads as NULL): */
+  const struct fa4_tensor* sinks;  /* attention sinks: fp32 [heads_q] logits joining each row's softmax
+                                      denominator (fa4::Options::sinks); NULL: none */
+  const struct fa4_tensor* dsinks; /* backward only, with sinks: their gradient, fp32 [heads_q]; NULL: not computed */
 } fa4_options;
 
 /* FlashAttention's defaults: scale 1/sqrt(d), no mask, hardware exp2, tau = 8, non-deterministic. */

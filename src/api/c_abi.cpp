@@ -1,5 +1,6 @@
 // The C ABI: converts descriptors, calls the C++ API, and turns every exception into a status plus a
 // thread-local message. Nothing throws across this boundary.
+#include <cstddef>
 #include <cstring>
 #include <new>
 #include <string>
@@ -28,23 +29,59 @@ fa4::Tensor to_cpp(const fa4_tensor* t, const char* arg) {
   return r;
 }
 
-fa4::Options to_cpp(const fa4_options* o) {
-  fa4::Options r;
-  if (o == nullptr) return r;
-  if (o->struct_size < sizeof(fa4_options))
-    throw fa4::Error(fa4::Status::invalid_argument,
-                     "fa4: argument 'options': expected struct_size >= " + std::to_string(sizeof(fa4_options)) +
-                         " (call fa4_options_init), got " + std::to_string(o->struct_size));
-  if (o->has_softmax_scale) r.softmax_scale = o->softmax_scale;
-  r.causal = o->causal != 0;
-  r.window_left = o->window_left;
-  r.window_right = o->window_right;
-  r.softcap = o->softcap;
-  r.exp2_emulated_fraction = o->exp2_emulated_fraction;
-  r.rescale_threshold = o->rescale_threshold;
-  r.deterministic = o->deterministic != 0;
-  return r;
-}
+// The C options as fa4::Options, with the sinks' descriptors converted and kept alive: construct it in the
+// call's argument list (a temporary lives until the call returns). A struct_size from before the appended
+// fields (sinks, dsinks) reads them as NULL.
+class CppOptions {
+ public:
+  explicit CppOptions(const fa4_options* o) {
+    if (o == nullptr) return;
+    constexpr size_t kFirstVersion = offsetof(fa4_options, deterministic) + sizeof(int32_t);
+    if (o->struct_size < kFirstVersion)
+      throw fa4::Error(fa4::Status::invalid_argument,
+                       "fa4: argument 'options': expected struct_size >= " + std::to_string(kFirstVersion) +
+                           " (call fa4_options_init), got " + std::to_string(o->struct_size));
+    if (o->has_softmax_scale) r_.softmax_scale = o->softmax_scale;
+    r_.causal = o->causal != 0;
+    r_.window_left = o->window_left;
+    r_.window_right = o->window_right;
+    r_.softcap = o->softcap;
+    r_.exp2_emulated_fraction = o->exp2_emulated_fraction;
+    r_.rescale_threshold = o->rescale_threshold;
+    r_.deterministic = o->deterministic != 0;
+    const auto has = [o](size_t end) { return o->struct_size >= end; };
+    if (has(offsetof(fa4_options, sinks) + sizeof(o->sinks)) && o->sinks) {
+      sinks_ = vector_to_cpp(o->sinks, "options.sinks");
+      r_.sinks = &sinks_;
+    }
+    if (has(offsetof(fa4_options, dsinks) + sizeof(o->dsinks)) && o->dsinks) {
+      dsinks_ = vector_to_cpp(o->dsinks, "options.dsinks");
+      r_.dsinks = &dsinks_;
+    }
+  }
+  CppOptions(const CppOptions&) = delete;
+  CppOptions& operator=(const CppOptions&) = delete;
+  const fa4::Options& get() const { return r_; }
+
+ private:
+  static fa4::Tensor vector_to_cpp(const fa4_tensor* t, const char* arg) {
+    if (t->rank != 1)
+      throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg +
+                                                          "': expected rank 1, got rank " + std::to_string(t->rank));
+    fa4::Tensor r;
+    r.data = t->data;
+    r.dtype = static_cast<fa4::DType>(t->dtype);
+    r.device = static_cast<fa4::Device>(t->device);
+    r.device_index = t->device_index;
+    r.rank = 1;
+    r.shape = {t->shape[0], 0, 0, 0};
+    r.stride = {t->stride[0], 0, 0, 0};
+    return r;
+  }
+
+  fa4::Options r_;
+  fa4::Tensor sinks_, dsinks_;
+};
 
 template <class F>
 fa4_status guarded(F&& f) {
@@ -118,7 +155,7 @@ fa4_status fa4_forward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tenso
   return guarded([&] {
     const fa4::Tensor lse_t = lse ? to_cpp(lse, "lse") : fa4::Tensor{};
     fa4::forward(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), lse ? &lse_t : nullptr,
-                 to_cpp(options), {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
+                 CppOptions(options).get(), {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
   });
 }
 
@@ -128,7 +165,7 @@ fa4_status fa4_backward(const fa4_tensor* q, const fa4_tensor* k, const fa4_tens
                         void* stream) {
   return guarded([&] {
     fa4::backward(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), to_cpp(dout, "dout"),
-                  to_cpp(lse, "lse"), to_cpp(dq, "dq"), to_cpp(dk, "dk"), to_cpp(dv, "dv"), to_cpp(options),
+                  to_cpp(lse, "lse"), to_cpp(dq, "dq"), to_cpp(dk, "dk"), to_cpp(dv, "dv"), CppOptions(options).get(),
                   {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
   });
 }
@@ -150,7 +187,7 @@ fa4_status fa4_forward_varlen(const fa4_tensor* q, const fa4_tensor* k, const fa
   return guarded([&] {
     const fa4::Tensor lse_t = lse ? to_cpp(lse, "lse") : fa4::Tensor{};
     fa4::forward_varlen(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), lse ? &lse_t : nullptr,
-                        to_cpp(varlen), to_cpp(options), {workspace, workspace_bytes},
+                        to_cpp(varlen), CppOptions(options).get(), {workspace, workspace_bytes},
                         static_cast<fa4::Stream>(stream));
   });
 }
@@ -162,7 +199,7 @@ fa4_status fa4_backward_varlen(const fa4_tensor* q, const fa4_tensor* k, const f
   return guarded([&] {
     fa4::backward_varlen(to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(out, "out"), to_cpp(dout, "dout"),
                          to_cpp(lse, "lse"), to_cpp(dq, "dq"), to_cpp(dk, "dk"), to_cpp(dv, "dv"), to_cpp(varlen),
-                         to_cpp(options), {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
+                         CppOptions(options).get(), {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
   });
 }
 
@@ -170,7 +207,7 @@ fa4_status fa4_workspace_size(fa4_pass pass, const fa4_tensor* q, const fa4_tens
                               const fa4_options* options, size_t* bytes) {
   return guarded([&] {
     if (bytes == nullptr) throw fa4::Error(fa4::Status::invalid_argument, "fa4_workspace_size: argument 'bytes': expected a pointer, got NULL");
-    *bytes = fa4::workspace_size(to_pass(pass), to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(options));
+    *bytes = fa4::workspace_size(to_pass(pass), to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), CppOptions(options).get());
   });
 }
 
@@ -178,7 +215,7 @@ fa4_status fa4_supports(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k,
                         const fa4_options* options, char* reason, size_t reason_bytes) {
   fa4::Support s;
   const fa4_status status = guarded([&] {
-    s = fa4::supports(to_pass(pass), to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(options));
+    s = fa4::supports(to_pass(pass), to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), CppOptions(options).get());
     if (!s.ok) throw fa4::Error(s.code, s.reason);
   });
   if (reason != nullptr && reason_bytes > 0) {

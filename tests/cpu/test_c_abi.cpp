@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <thread>
@@ -145,4 +146,57 @@ TEST(CAbi, VarlenMatchesTheCppApi) {
   EXPECT_EQ(fa4_forward_varlen(&cq, &ck, &cvv, &cout, nullptr, nullptr, &o, nullptr, 0, nullptr),
             FA4_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fa4_last_error()).find("'varlen'"), std::string::npos) << fa4_last_error();
+}
+
+// Attention sinks through the C ABI: the same outputs and dsinks as the C++ API; a struct_size from before the
+// appended fields still works (reading them as NULL), one shorter than the first version is refused.
+TEST(CAbi, SinksMatchTheCppApiAndOldStructsStillWork) {
+  auto q = HostTensor::make(fa4::DType::bf16, {1, 29, 2, 32}), k = HostTensor::make(fa4::DType::bf16, {1, 33, 1, 32}),
+       v = HostTensor::make(fa4::DType::bf16, {1, 33, 1, 32}), dout = HostTensor::make(fa4::DType::bf16, {1, 29, 2, 32});
+  q.fill_normal(11), k.fill_normal(12), v.fill_normal(13), dout.fill_normal(14);
+  float sinks[2] = {1.0f, -2.0f}, dsinks_cpp[2] = {NAN, NAN}, dsinks_c[2] = {NAN, NAN};
+  const int64_t heads = 2;
+  fa4::Tensor s_cpp, ds_cpp;
+  s_cpp.data = sinks, s_cpp.rank = 1, s_cpp.shape = {2, 0, 0, 0}, s_cpp.stride = {1, 0, 0, 0};
+  ds_cpp = s_cpp;
+  ds_cpp.data = dsinks_cpp;
+  auto out_cpp = HostTensor::make(fa4::DType::bf16, {1, 29, 2, 32}), out_c = HostTensor::make(fa4::DType::bf16, {1, 29, 2, 32});
+  auto lse_cpp = HostTensor::make_lse({1, 2, 29}), lse_c = HostTensor::make_lse({1, 2, 29});
+  auto dq = HostTensor::make(fa4::DType::bf16, {1, 29, 2, 32}), dk = HostTensor::make(fa4::DType::bf16, {1, 33, 1, 32}),
+       dv = HostTensor::make(fa4::DType::bf16, {1, 33, 1, 32});
+  fa4::Options opts;
+  opts.sinks = &s_cpp;
+  fa4::forward(q.desc(), k.desc(), v.desc(), out_cpp.desc(), &lse_cpp.desc(), opts);
+  opts.dsinks = &ds_cpp;
+  fa4::backward(q.desc(), k.desc(), v.desc(), out_cpp.desc(), dout.desc(), lse_cpp.desc(), dq.desc(), dk.desc(),
+                dv.desc(), opts);
+
+  const fa4_tensor cs = fa4_tensor_contiguous(sinks, FA4_F32, FA4_CPU, 1, &heads),
+                   cds = fa4_tensor_contiguous(dsinks_c, FA4_F32, FA4_CPU, 1, &heads);
+  fa4_options o;
+  fa4_options_init(&o);
+  o.sinks = &cs;
+  const fa4_tensor cq = to_c(q.desc()), ck = to_c(k.desc()), cv = to_c(v.desc()), co = to_c(out_c.desc()),
+                   cl = to_c(lse_c.desc()), cdo = to_c(dout.desc()), cdq = to_c(dq.desc()), cdk = to_c(dk.desc()),
+                   cdv = to_c(dv.desc());
+  ASSERT_EQ(fa4_forward(&cq, &ck, &cv, &co, &cl, &o, nullptr, 0, nullptr), FA4_OK) << fa4_last_error();
+  EXPECT_EQ(out_c.values(), out_cpp.values());
+  EXPECT_EQ(lse_c.values(), lse_cpp.values());
+  o.dsinks = &cds;
+  ASSERT_EQ(fa4_backward(&cq, &ck, &cv, &co, &cdo, &cl, &cdq, &cdk, &cdv, &o, nullptr, 0, nullptr), FA4_OK)
+      << fa4_last_error();
+  EXPECT_EQ(dsinks_c[0], dsinks_cpp[0]);
+  EXPECT_EQ(dsinks_c[1], dsinks_cpp[1]);
+  EXPECT_TRUE(std::isfinite(dsinks_c[0]) && dsinks_c[0] != 0.0f);
+
+  // A caller built before the sinks existed: its struct ends at `deterministic`; the fields past it are not read.
+  o.struct_size = uint32_t(offsetof(fa4_options, deterministic) + sizeof(int32_t));
+  o.dsinks = &cds;  // garbage past the old struct's end would be here; it must be ignored
+  ASSERT_EQ(fa4_forward(&cq, &ck, &cv, &co, &cl, &o, nullptr, 0, nullptr), FA4_OK) << fa4_last_error();
+  fa4::Options plain;
+  fa4::forward(q.desc(), k.desc(), v.desc(), out_cpp.desc(), &lse_cpp.desc(), plain);
+  EXPECT_EQ(out_c.values(), out_cpp.values()) << "an old struct_size must mean no sinks";
+  o.struct_size = uint32_t(offsetof(fa4_options, deterministic));
+  EXPECT_EQ(fa4_forward(&cq, &ck, &cv, &co, &cl, &o, nullptr, 0, nullptr), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("struct_size"), std::string::npos);
 }
