@@ -24,7 +24,8 @@ REPO_BUILD_LIBRARY = _PACKAGE_DIR.parent.parent / "build" / "libfa4.so"  # runni
 
 
 class Tensor(ctypes.Structure):
-    """fa4_tensor: rank 4 [batch, seqlen, heads, head_dim] or rank 3 (the LSE), strides in elements."""
+    """fa4_tensor: rank 4 [batch, seqlen, heads, head_dim], rank 3 (the LSE) or rank 1 (attention sinks),
+    strides in elements."""
 
     _fields_ = [
         ("data", ctypes.c_void_p),
@@ -51,6 +52,8 @@ class Options(ctypes.Structure):
         ("exp2_emulated_fraction", ctypes.c_float),
         ("rescale_threshold", ctypes.c_float),
         ("deterministic", ctypes.c_int32),
+        ("sinks", ctypes.POINTER(Tensor)),
+        ("dsinks", ctypes.POINTER(Tensor)),
     ]
 
 
@@ -179,8 +182,9 @@ def window_bounds(call, window_size):
 
 
 def options(call, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-            deterministic=False):
-    """fa4_options from FlashAttention's keyword arguments, on top of the library's defaults."""
+            deterministic=False, sinks=None, dsinks=None):
+    """fa4_options from FlashAttention's keyword arguments, on top of the library's defaults; sinks, dsinks: rank-1
+    fa4_tensor descriptors (kept alive by the returned struct)."""
     o = Options.from_buffer_copy(library().default_options)
     if softmax_scale is not None:
         o.has_softmax_scale = 1
@@ -193,6 +197,10 @@ def options(call, softmax_scale=None, causal=False, window_left=-1, window_right
         setattr(o, name, value)
     o.softcap = _float(call, "softcap", softcap)
     o.deterministic = bool(deterministic)
+    if sinks is not None:
+        o.sinks = ctypes.pointer(sinks)
+    if dsinks is not None:
+        o.dsinks = ctypes.pointer(dsinks)
     return o
 
 

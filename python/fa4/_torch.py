@@ -63,9 +63,14 @@ def _workspace(pass_, inputs, options, device):
     return buffer, buffer.data_ptr(), nbytes
 
 
+def _sinks(call, sink):
+    """The fa4_tensor of learnable_sink (None: no sinks)."""
+    return None if sink is None else describe(call, "learnable_sink", sink)
+
+
 @torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))
-def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
-               window_left: int, window_right: int, softcap: float,
+def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: Optional[torch.Tensor],
+               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32."""
     call = "fa4.flash_attn_func"
@@ -73,7 +78,8 @@ def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale:
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
-    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                            sinks=_sinks(call, learnable_sink))
     with _device_guard(q):
         _keep, workspace, workspace_bytes = _workspace(_capi.FORWARD, inputs, options, q.device)
         _capi.forward(*inputs, describe(call, "out", out), describe(call, "lse", lse), options, workspace,
@@ -82,15 +88,17 @@ def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale:
 
 
 @forward_op.register_fake
-def _forward_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _forward_fake(q, k, v, learnable_sink, softmax_scale, causal, window_left, window_right, softcap, deterministic):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
 @torch.library.custom_op("fa4::backward", mutates_args=(), device_types=("cpu", "cuda"))
 def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                lse: torch.Tensor, softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), contiguous, shaped as q, k, v."""
+                lse: torch.Tensor, learnable_sink: Optional[torch.Tensor], softmax_scale: Optional[float],
+                causal: bool, window_left: int, window_right: int, softcap: float,
+                deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsink): dq, dk, dv contiguous, shaped as q, k, v; dsink float32 [heads] (empty without
+    learnable_sink)."""
     call = "fa4.flash_attn_func (backward)"
     dout, q, k, v, out = (_unit_head_dim_stride(t) for t in (dout, q, k, v, out))
     if dout.device.type == "cuda" and (not dout.is_contiguous() or dout.data_ptr() % 16 != 0):
@@ -99,34 +107,38 @@ def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         # broadcast sequence): hand them a fresh contiguous copy. Usually it already is one.
         dout = dout.clone(memory_format=torch.contiguous_format)
     grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
+    dsink = torch.empty(0 if learnable_sink is None else learnable_sink.shape, dtype=torch.float32, device=q.device)
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
-    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                            sinks=_sinks(call, learnable_sink),
+                            dsinks=None if learnable_sink is None else describe(call, "dsink", dsink))
     with _device_guard(q):
         _keep, workspace, workspace_bytes = _workspace(_capi.BACKWARD, inputs, options, q.device)
         _capi.backward(*inputs, describe(call, "out", out), describe(call, "dout", dout), describe(call, "lse", lse),
                        *(describe(call, name, g) for name, g in zip(("dq", "dk", "dv"), grads)), options, workspace,
                        workspace_bytes, _stream(q))
-    return tuple(grads)
+    return (*grads, dsink)
 
 
 @backward_op.register_fake
-def _backward_fake(dout, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-                   deterministic):
-    return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype)
+def _backward_fake(dout, q, k, v, out, lse, learnable_sink, softmax_scale, causal, window_left, window_right,
+                   softcap, deterministic):
+    dsink = q.new_empty(0 if learnable_sink is None else learnable_sink.shape, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype), dsink
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, *ctx.options = inputs
+    q, k, v, learnable_sink, *ctx.options = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.save_for_backward(q, k, v, out, lse, learnable_sink)
     # FlashAttention does not differentiate through the LSE; say so rather than silently dropping its gradient.
     ctx.mark_non_differentiable(lse)
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = backward_op(dout, q, k, v, out, lse, *ctx.options)
-    return (dq, dk, dv) + (None,) * len(ctx.options)
+    q, k, v, out, lse, learnable_sink = ctx.saved_tensors
+    dq, dk, dv, dsink = backward_op(dout, q, k, v, out, lse, learnable_sink, *ctx.options)
+    return (dq, dk, dv, None if learnable_sink is None else dsink) + (None,) * len(ctx.options)
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)
@@ -142,7 +154,7 @@ def _check_tensors(call, qkv, rank, layout):
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    deterministic=False, return_lse=False):
+                    deterministic=False, return_lse=False, learnable_sink=None):
     """FlashAttention's flash_attn_func on fa4.
 
     q: [batch, seqlen_q, heads, head_dim], k, v: [batch, seqlen_k, heads_kv, head_dim] with heads % heads_kv == 0
@@ -153,12 +165,20 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     deterministic: bitwise-reproducible backward, passed to the library (the CPU backend always is; where a
     backend has no deterministic backward the backward raises fa4.UnsupportedError saying so). Returns out, or
     (out, lse) with return_lse=True; lse is float32 [batch, heads, seqlen_q], natural log, and not
-    differentiated. The backward (autograd) runs the library's backward on the same device and stream rules."""
+    differentiated. The backward (autograd) runs the library's backward on the same device and stream rules.
+    learnable_sink (FlashAttention-4's name; gpt-oss's sinks): float32 [heads] logits, one per query head, that
+    join every row's softmax denominator as a key of value zero (lse includes them); differentiable. CPU tensors
+    only in this version (CUDA raises fa4.UnsupportedError)."""
     call = "fa4.flash_attn_func"
     _check_tensors(call, (q, k, v), 4, "[batch, seqlen, heads, head_dim]")
+    if learnable_sink is not None and (not isinstance(learnable_sink, torch.Tensor) or learnable_sink.dim() != 1
+                                       or learnable_sink.dtype != torch.float32):
+        got = (f"{learnable_sink.dtype} rank {learnable_sink.dim()}" if isinstance(learnable_sink, torch.Tensor)
+               else type(learnable_sink).__name__)
+        raise InvalidArgumentError(f"{call}: argument 'learnable_sink': expected a float32 tensor [heads], got {got}")
     window_left, window_right = _capi.window_bounds(call, window_size)
-    out, lse = forward_op(q, k, v, None if softmax_scale is None else float(softmax_scale), bool(causal),
-                          window_left, window_right, float(softcap), bool(deterministic))
+    out, lse = forward_op(q, k, v, learnable_sink, None if softmax_scale is None else float(softmax_scale),
+                          bool(causal), window_left, window_right, float(softcap), bool(deterministic))
     return (out, lse) if return_lse else out
 
 

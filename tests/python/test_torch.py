@@ -8,6 +8,7 @@ import fa4
 import reference
 
 torch = pytest.importorskip("torch", reason="torch is not installed (scripts/python-deps installs it)")
+fa4.flash_attn_func  # the first access registers torch.ops.fa4.*, which the opcheck tests call directly
 
 TORCH_DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
                 "bfloat16": torch.bfloat16}
@@ -115,22 +116,26 @@ def test_deterministic_backward_is_bitwise_repeatable():
 def forward_args(dtype, requires_grad=False, **options):
     q, k, v = random_tensors(2, 7, 9, 4, 2, 16, dtype=dtype, requires_grad=requires_grad)
     window = options.get("window_size", (-1, -1))
-    return (q, k, v, options.get("softmax_scale"), options.get("causal", False), window[0], window[1],
+    sink = options.get("learnable_sink")
+    return (q, k, v, sink, options.get("softmax_scale"), options.get("causal", False), window[0], window[1],
             options.get("softcap", 0.0), False)
 
 
-OPCHECK_OPTIONS = [dict(), dict(causal=True, softcap=4.0), dict(window_size=(3, 2), softmax_scale=0.5)]
+OPCHECK_OPTIONS = [dict(), dict(causal=True, softcap=4.0), dict(window_size=(3, 2), softmax_scale=0.5),
+                   dict(causal=True, learnable_sink=torch.tensor([0.5, -1.0, 2.0, 0.0], requires_grad=True))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("options", OPCHECK_OPTIONS, ids=["plain", "causal_softcap", "window_scale"])
+@pytest.mark.parametrize("options", OPCHECK_OPTIONS, ids=["plain", "causal_softcap", "window_scale", "sinks"])
 def test_opcheck_forward(dtype, options):
     torch.library.opcheck(torch.ops.fa4.forward.default, forward_args(dtype, requires_grad=True, **options))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_opcheck_backward(dtype):
-    q, k, v, *options = forward_args(dtype, causal=True)
+@pytest.mark.parametrize("sinks", [False, True], ids=["plain", "sinks"])
+def test_opcheck_backward(dtype, sinks):
+    sink = torch.tensor([0.5, -1.0, 2.0, 0.0]) if sinks else None
+    q, k, v, *options = forward_args(dtype, causal=True, learnable_sink=sink)
     out, lse = torch.ops.fa4.forward(q, k, v, *options)
     dout = torch.randn_like(out)
     torch.library.opcheck(torch.ops.fa4.backward.default, (dout, q, k, v, out, lse, *options))
@@ -188,3 +193,55 @@ def test_error_inside_torch_compile_keeps_its_class():
     compiled = torch.compile(fa4.flash_attn_func, backend="aot_eager", fullgraph=True)
     with pytest.raises(fa4.InvalidArgumentError, match="'k'"):
         compiled(*zeros(q_shape=(1, 4, 3, 8)))
+
+
+def sink_attention(q, k, v, sink, causal=False):
+    """Attention with sinks from the definition, in float64: the sink is one more logit per head in the softmax
+    whose value row is zero (q: [b, s_q, h, d]; k, v: [b, s_k, h_kv, d]; sink: [h])."""
+    q, k, v, sink = (t.double() for t in (q, k, v, sink))
+    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat_interleave(group, dim=2) for t in (k, v))
+    s = torch.einsum("bqhd,bkhd->bhqk", q, k) / q.shape[-1] ** 0.5
+    if causal:
+        sq, sk = q.shape[1], k.shape[1]
+        rows = torch.arange(sq)[:, None] + (sk - sq)
+        s = s.masked_fill(torch.arange(sk)[None, :] > rows, float("-inf"))
+    logits = torch.cat([s, sink[None, :, None, None].expand(s.shape[0], -1, s.shape[2], 1)], dim=-1)
+    p = torch.softmax(logits, dim=-1)[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), torch.logsumexp(logits, dim=-1)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sinks_forward_and_lse_match_the_definition(causal):
+    q, k, v = random_tensors(2, 19, 13, 4, 2, 16, dtype=torch.float32)  # causal: rows 0..5 see no key
+    sink = torch.tensor([0.3, 4.0, -2.0, 1.0])
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink, return_lse=True)
+    want_out, want_lse = sink_attention(q, k, v, sink, causal)
+    torch.testing.assert_close(out.double(), want_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse.double(), want_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_sinks_gradcheck_float64():
+    q, k, v = random_tensors(1, 6, 5, 2, 1, 8, dtype=torch.float64, requires_grad=True)
+    sink = torch.tensor([0.7, -0.4], dtype=torch.float32, requires_grad=True)  # the library takes float32 sinks
+
+    def f(q, k, v, sink):
+        return fa4.flash_attn_func(q, k, v, causal=True, learnable_sink=sink)
+
+    # q, k, v in float64 against finite differences; the float32 sink's gradient against the definition's
+    torch.autograd.gradcheck(lambda q, k, v: f(q, k, v, sink.detach()), (q, k, v))
+    dout = torch.randn(q.shape, dtype=torch.float64)
+    (dsink,) = torch.autograd.grad(f(q, k, v, sink), (sink,), dout)
+    s64 = sink.detach().double().requires_grad_()
+    want_out, _ = sink_attention(q.detach(), k.detach(), v.detach(), s64, causal=True)
+    (want,) = torch.autograd.grad(want_out, (s64,), dout)
+    assert dsink.dtype == torch.float32
+    torch.testing.assert_close(dsink.double(), want, rtol=1e-5, atol=1e-6)
+
+
+def test_sinks_bad_argument_is_named():
+    q, k, v = random_tensors(1, 4, 4, 2, 2, 8, dtype=torch.float32)
+    with pytest.raises(fa4.InvalidArgumentError, match="learnable_sink"):
+        fa4.flash_attn_func(q, k, v, learnable_sink=torch.zeros(2, dtype=torch.bfloat16))
+    with pytest.raises(fa4.InvalidArgumentError, match="options.sinks': expected shape \\[2\\]"):
+        fa4.flash_attn_func(q, k, v, learnable_sink=torch.zeros(3))

@@ -164,7 +164,14 @@ def test_matches_sdpa_under_tolerance_rule(dtype_name, causal):
 def test_opcheck_on_cuda():
     require_kernels(torch.bfloat16, backward=True)
     q, k, v = cuda_tensors(2, 64, 96, 4, 2, 128, requires_grad=True)
-    torch.library.opcheck(torch.ops.fa4.forward.default, (q, k, v, None, True, -1, -1, 0.0, False))
+    torch.library.opcheck(torch.ops.fa4.forward.default, (q, k, v, None, None, True, -1, -1, 0.0, False))
+
+
+def test_sinks_on_cuda_are_refused_by_name():
+    require_kernels(torch.bfloat16)
+    q, k, v = cuda_tensors(1, 64, 64, 2, 2, 128)
+    with pytest.raises(fa4.UnsupportedError, match="options.sinks"):
+        fa4.flash_attn_func(q, k, v, learnable_sink=torch.zeros(2, device="cuda"))
 
 
 def attention_block(q, k, v):
