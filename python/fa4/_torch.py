@@ -68,6 +68,18 @@ def _sinks(call, sink):
     return None if sink is None else describe(call, "learnable_sink", sink)
 
 
+def _check_sink(call, sink):
+    """learnable_sink is None or a float32 [heads] tensor (its length and device the library checks)."""
+    if sink is not None and (not isinstance(sink, torch.Tensor) or sink.dim() != 1 or sink.dtype != torch.float32):
+        got = f"{sink.dtype} rank {sink.dim()}" if isinstance(sink, torch.Tensor) else type(sink).__name__
+        raise InvalidArgumentError(f"{call}: argument 'learnable_sink': expected a float32 tensor [heads], got {got}")
+
+
+def _sink_grad(learnable_sink, q):
+    """The dsink output of a backward op: float32 [heads], or empty without sinks."""
+    return torch.empty(0 if learnable_sink is None else learnable_sink.shape, dtype=torch.float32, device=q.device)
+
+
 @torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))
 def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: Optional[torch.Tensor],
                softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
@@ -107,7 +119,7 @@ def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         # broadcast sequence): hand them a fresh contiguous copy. Usually it already is one.
         dout = dout.clone(memory_format=torch.contiguous_format)
     grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
-    dsink = torch.empty(0 if learnable_sink is None else learnable_sink.shape, dtype=torch.float32, device=q.device)
+    dsink = _sink_grad(learnable_sink, q)
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
                             sinks=_sinks(call, learnable_sink),
@@ -171,11 +183,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     only in this version (CUDA raises fa4.UnsupportedError)."""
     call = "fa4.flash_attn_func"
     _check_tensors(call, (q, k, v), 4, "[batch, seqlen, heads, head_dim]")
-    if learnable_sink is not None and (not isinstance(learnable_sink, torch.Tensor) or learnable_sink.dim() != 1
-                                       or learnable_sink.dtype != torch.float32):
-        got = (f"{learnable_sink.dtype} rank {learnable_sink.dim()}" if isinstance(learnable_sink, torch.Tensor)
-               else type(learnable_sink).__name__)
-        raise InvalidArgumentError(f"{call}: argument 'learnable_sink': expected a float32 tensor [heads], got {got}")
+    _check_sink(call, learnable_sink)
     window_left, window_right = _capi.window_bounds(call, window_size)
     out, lse = forward_op(q, k, v, learnable_sink, None if softmax_scale is None else float(softmax_scale),
                           bool(causal), window_left, window_right, float(softcap), bool(deterministic))
@@ -208,10 +216,11 @@ def _varlen(call, q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_se
 
 
 @torch.library.custom_op("fa4::forward_varlen", mutates_args=(), device_types=("cpu", "cuda"))
-def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                      cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
-                      max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
-                      window_right: int, softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: Optional[torch.Tensor],
+                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
+                      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
+                      window_left: int, window_right: int, softcap: float,
+                      deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out [total_q, h, d] contiguous in q's dtype, lse [h, total_q] float32."""
     call = "fa4.flash_attn_varlen_func"
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
@@ -219,7 +228,8 @@ def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
-    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                            sinks=_sinks(call, learnable_sink))
     with _device_guard(q):
         _capi.forward_varlen(*inputs, describe(call, "out", out), describe(call, "lse", lse), varlen, options, None,
                              0, _stream(q))
@@ -227,51 +237,55 @@ def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
 
 
 @forward_varlen_op.register_fake
-def _forward_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                         causal, window_left, window_right, softcap, deterministic):
+def _forward_varlen_fake(q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, causal, window_left, window_right, softcap, deterministic):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("fa4::backward_varlen", mutates_args=(), device_types=("cpu", "cuda"))
 def backward_varlen_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                       lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                       seqused_k: Optional[torch.Tensor], max_seqlen_q: int, max_seqlen_k: int,
-                       softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                       softcap: float, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv), contiguous, shaped as q, k, v."""
+                       lse: torch.Tensor, learnable_sink: Optional[torch.Tensor], cu_seqlens_q: torch.Tensor,
+                       cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
+                       max_seqlen_k: int, softmax_scale: Optional[float], causal: bool, window_left: int,
+                       window_right: int, softcap: float,
+                       deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dsink): contiguous, shaped as q, k, v; dsink float32 [heads] (empty without learnable_sink)."""
     call = "fa4.flash_attn_varlen_func (backward)"
     dout, q, k, v, out = (_unit_head_dim_stride(t) for t in (dout, q, k, v, out))
     varlen = _varlen(call, q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
+    dsink = _sink_grad(learnable_sink, q)
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
-    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic)
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                            sinks=_sinks(call, learnable_sink),
+                            dsinks=None if learnable_sink is None else describe(call, "dsink", dsink))
     with _device_guard(q):
         _capi.backward_varlen(*inputs, describe(call, "out", out), describe(call, "dout", dout),
                               describe(call, "lse", lse),
                               *(describe(call, name, g) for name, g in zip(("dq", "dk", "dv"), grads)), varlen,
                               options, None, 0, _stream(q))
-    return tuple(grads)
+    return (*grads, dsink)
 
 
 @backward_varlen_op.register_fake
-def _backward_varlen_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                          max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, deterministic):
-    return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype)
+def _backward_varlen_fake(dout, q, k, v, out, lse, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                          max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap,
+                          deterministic):
+    dsink = q.new_empty(0 if learnable_sink is None else learnable_sink.shape, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype), dsink
 
 
 def _setup_varlen_context(ctx, inputs, output):
-    q, k, v, cu_q, cu_k, used_k, *ctx.options = inputs
+    q, k, v, sink, cu_q, cu_k, used_k, *ctx.options = inputs
     out, lse = output
-    ctx.has_used_k = used_k is not None
-    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k, *((used_k,) if used_k is not None else ()))
+    ctx.save_for_backward(q, k, v, out, lse, sink, cu_q, cu_k, used_k)
     ctx.mark_non_differentiable(lse)
 
 
 def _backward_varlen(ctx, dout, _dlse):
-    q, k, v, out, lse, cu_q, cu_k, *used = ctx.saved_tensors
-    dq, dk, dv = backward_varlen_op(dout, q, k, v, out, lse, cu_q, cu_k, used[0] if ctx.has_used_k else None,
-                                    *ctx.options)
-    return (dq, dk, dv, None, None, None) + (None,) * len(ctx.options)
+    q, k, v, out, lse, sink, cu_q, cu_k, used_k = ctx.saved_tensors
+    dq, dk, dv, dsink = backward_varlen_op(dout, q, k, v, out, lse, sink, cu_q, cu_k, used_k, *ctx.options)
+    return (dq, dk, dv, None if sink is None else dsink, None, None, None) + (None,) * len(ctx.options)
 
 
 forward_varlen_op.register_autograd(_backward_varlen, setup_context=_setup_varlen_context)
@@ -279,7 +293,7 @@ forward_varlen_op.register_autograd(_backward_varlen, setup_context=_setup_varle
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False,
-                           return_lse=False, seqused_k=None):
+                           return_lse=False, seqused_k=None, learnable_sink=None):
     """FlashAttention's flash_attn_varlen_func on fa4 (same positional order; dropout is not implemented, so
     dropout_p must be 0).
 
@@ -287,15 +301,17 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b+1] of q and cu_seqlens_k[b]:cu_seqlens_k[b+1] of k and v
     (its first seqused_k[b] keys when seqused_k is given). cu_seqlens_* and seqused_k: int32 1-D tensors on q's
     device; max_seqlen_q/k: the longest sequences. Options as flash_attn_func's, applied per sequence. Returns
-    out, or (out, lse) with return_lse=True, lse float32 [heads, total_q]. CPU tensors run on the CPU backend;
+    out, or (out, lse) with return_lse=True, lse float32 [heads, total_q]. learnable_sink as flash_attn_func's
+    (one per head, shared by every sequence; its gradient sums over them). CPU tensors run on the CPU backend;
     CUDA tensors raise fa4.UnsupportedError until the GPU varlen kernels exist."""
     call = "fa4.flash_attn_varlen_func"
     if dropout_p != 0.0:
         raise UnsupportedError(f"{call}: argument 'dropout_p': expected 0.0 (fa4 has no attention dropout), got "
                                f"{dropout_p}")
     _check_tensors(call, (q, k, v), 3, "[total, heads, head_dim]")
+    _check_sink(call, learnable_sink)
     window_left, window_right = _capi.window_bounds(call, window_size)
-    out, lse = forward_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
+    out, lse = forward_varlen_op(q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
                                  int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale),
                                  bool(causal), window_left, window_right, float(softcap), bool(deterministic))
     return (out, lse) if return_lse else out

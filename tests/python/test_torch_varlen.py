@@ -73,3 +73,33 @@ def test_bad_arguments_are_named():
         fa4.flash_attn_varlen_func(q, k, k, torch.tensor([0, 6], dtype=torch.int32), cu_k, 6, 6)
     with pytest.raises(fa4.InvalidArgumentError, match="rank 3"):
         fa4.flash_attn_varlen_func(q[None], k, k, cu_q, cu_k, 5, 6)
+
+
+def test_sinks_per_sequence_and_their_gradient_summed():
+    """learnable_sink in a varlen batch: each sequence's out and lse are the dense call's with the same sinks, and
+    dsink is the sum of the dense calls' (float64 inputs: computed exactly, summed in float32)."""
+    lens = [5, 0, 9]
+    heads, dim = 2, 8
+    g = torch.Generator().manual_seed(7)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lens)]), dtype=torch.int32)
+    q, k, v = (torch.randn(int(cu[-1]), heads, dim, generator=g, dtype=torch.float64, requires_grad=True)
+               for _ in range(3))
+    sink = torch.tensor([0.8, -0.6], requires_grad=True)
+    out, lse = fa4.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=True, return_lse=True,
+                                          learnable_sink=sink)
+    dout = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    (dsink,) = torch.autograd.grad(out, (sink,), dout)
+    want = torch.zeros(heads)
+    for b, n in enumerate(lens):
+        rows = slice(int(cu[b]), int(cu[b + 1]))
+        if n == 0:
+            continue
+        s = sink.detach().clone().requires_grad_()
+        o, l = fa4.flash_attn_func(*(t[rows].detach().unsqueeze(0) for t in (q, k, v)), causal=True,
+                                   learnable_sink=s, return_lse=True)
+        torch.testing.assert_close(out[rows].detach(), o[0], rtol=0, atol=0)
+        torch.testing.assert_close(lse[:, rows], l[0], rtol=0, atol=0)
+        (ds,) = torch.autograd.grad(o, (s,), dout[rows].unsqueeze(0))
+        want += ds
+    torch.testing.assert_close(dsink, want, rtol=1e-6, atol=1e-6)
+    assert torch.all(dsink != 0)
