@@ -75,9 +75,17 @@ def _check_sink(call, sink):
         raise InvalidArgumentError(f"{call}: argument 'learnable_sink': expected a float32 tensor [heads], got {got}")
 
 
-def _sink_grad(learnable_sink, q):
-    """The dsink output of a backward op: float32 [heads], or empty without sinks."""
-    return torch.empty(0 if learnable_sink is None else learnable_sink.shape, dtype=torch.float32, device=q.device)
+def _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal, window_left, window_right, softcap,
+                      deterministic):
+    """What both backward ops allocate and describe: (dq, dk, dv) shaped as q, k, v in q's dtype; dsink (float32
+    [heads], empty without sinks); the fa4_tensors of q, k, v; the fa4_options (with the sinks and dsink)."""
+    grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
+    dsink = torch.empty(0 if learnable_sink is None else learnable_sink.shape, dtype=torch.float32, device=q.device)
+    inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                            sinks=_sinks(call, learnable_sink),
+                            dsinks=None if learnable_sink is None else describe(call, "dsink", dsink))
+    return grads, dsink, inputs, options
 
 
 @torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))
@@ -118,12 +126,8 @@ def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         # gradient at any offset), and the GPU kernels read it with TMA (16-byte aligned base and strides, no
         # broadcast sequence): hand them a fresh contiguous copy. Usually it already is one.
         dout = dout.clone(memory_format=torch.contiguous_format)
-    grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
-    dsink = _sink_grad(learnable_sink, q)
-    inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
-    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                            sinks=_sinks(call, learnable_sink),
-                            dsinks=None if learnable_sink is None else describe(call, "dsink", dsink))
+    grads, dsink, inputs, options = _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal,
+                                                      window_left, window_right, softcap, deterministic)
     with _device_guard(q):
         _keep, workspace, workspace_bytes = _workspace(_capi.BACKWARD, inputs, options, q.device)
         _capi.backward(*inputs, describe(call, "out", out), describe(call, "dout", dout), describe(call, "lse", lse),
@@ -253,12 +257,8 @@ def backward_varlen_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     call = "fa4.flash_attn_varlen_func (backward)"
     dout, q, k, v, out = (_unit_head_dim_stride(t) for t in (dout, q, k, v, out))
     varlen = _varlen(call, q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-    grads = [torch.empty(t.shape, dtype=q.dtype, device=q.device) for t in (q, k, v)]
-    dsink = _sink_grad(learnable_sink, q)
-    inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
-    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                            sinks=_sinks(call, learnable_sink),
-                            dsinks=None if learnable_sink is None else describe(call, "dsink", dsink))
+    grads, dsink, inputs, options = _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal,
+                                                      window_left, window_right, softcap, deterministic)
     with _device_guard(q):
         _capi.backward_varlen(*inputs, describe(call, "out", out), describe(call, "dout", dout),
                               describe(call, "lse", lse),
