@@ -94,6 +94,8 @@ std::string display_name(const Event& e) {
       return "epilogue";
     case Kind::dq_add:
       return "dq add";
+    case Kind::rescale_rows:
+      return fmt::format("rescale rows {}", e.arg);
     default:
       return fmt::format("kind {}", e.kind);
   }
@@ -527,6 +529,7 @@ Summary summarize(const Trace& t) {
         if (Kind(e.kind) == Kind::tile_end) tiles.hi = std::max(tiles.hi, e.t_ns), any_end = true;
         if (Kind(e.kind) == Kind::rescale_taken) ++s.rescale_taken;
         if (Kind(e.kind) == Kind::rescale_skipped) ++s.rescale_skipped;
+        if (Kind(e.kind) == Kind::rescale_rows) ++s.rescale_row_samples, s.rescale_rows += uint64_t(std::max(e.arg, 0));
       }
       s.events += ev.size();
       cta.add(slice.lo), cta.add(slice.hi);
@@ -572,6 +575,10 @@ Summary summarize(const Trace& t) {
   s.tensor_idle_gap_max_ns = gaps.empty() ? 0.0 : gaps.back();
   const uint64_t decisions = s.rescale_taken + s.rescale_skipped;
   s.rescale_taken_fraction = decisions > 0 ? double(s.rescale_taken) / double(decisions) : 0.0;
+  // Rows: each decision of a warpgroup's recording warp covers its 16 rows; a taken one says how many moved.
+  s.rescale_row_fraction = decisions > 0 && s.rescale_row_samples > 0
+                               ? double(s.rescale_rows) / (16.0 * double(decisions))
+                               : 0.0;
   return s;
 }
 
@@ -609,6 +616,12 @@ std::string to_text(const Summary& s) {
                  duration(s.tensor_idle_gap_p90_ns), duration(s.tensor_idle_gap_max_ns));
   fmt::format_to(out, "rescale      taken {}, skipped {} ({:.1f}% taken)\n", s.rescale_taken, s.rescale_skipped,
                  100.0 * s.rescale_taken_fraction);
+  if (s.rescale_row_samples > 0)
+    fmt::format_to(out,
+                   "rescale rows {} of {} row decisions moved their max ({:.2f}%; {:.1f} of 16 rows per taken tile; "
+                   "the recording warp's rows)\n",
+                   s.rescale_rows, 16 * (s.rescale_taken + s.rescale_skipped), 100.0 * s.rescale_row_fraction,
+                   double(s.rescale_rows) / double(s.rescale_row_samples));
   return r;
 }
 
@@ -634,6 +647,8 @@ json to_json(const Summary& s) {
           {"rescale_taken", s.rescale_taken},
           {"rescale_skipped", s.rescale_skipped},
           {"rescale_taken_fraction", s.rescale_taken_fraction},
+          {"rescale_rows", s.rescale_rows},
+          {"rescale_row_fraction", s.rescale_row_fraction},
           {"events", s.events},
           {"dropped", s.dropped}};
 }

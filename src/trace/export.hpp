@@ -15,7 +15,8 @@
 namespace fa4::trace {
 
 // The name an event's span or instant is shown under: "tile", "wait kv", "S=QK^T", "softmax", "P·V", "epilogue",
-// "rescale taken", "rescale skipped", "tma k", "dq add" (a begin event names its span; an end event its span too).
+// "rescale taken", "rescale skipped", "rescale rows N", "tma k", "dq add" (a begin event names its span; an end
+// event its span too).
 std::string display_name(const Event& e);
 
 // Chrome / Perfetto trace-event JSON (ui.perfetto.dev):
@@ -61,6 +62,10 @@ struct Summary {
   double tensor_idle_gap_median_ns = 0, tensor_idle_gap_p90_ns = 0, tensor_idle_gap_max_ns = 0;
   uint64_t rescale_taken = 0, rescale_skipped = 0;  // summed
   double rescale_taken_fraction = 0;                // taken / (taken + skipped), 0 if none
+  // Per row (rescale_rows events; traces from before them have none): rows of the recording warps whose max
+  // moved, summed; over 16 rows per decision. Sampled: one warp (16 of 64 rows) per warpgroup.
+  uint64_t rescale_rows = 0, rescale_row_samples = 0;
+  double rescale_row_fraction = 0;
   uint64_t events = 0, dropped = 0;                 // recorded, and lost to overflowed slices
 };
 

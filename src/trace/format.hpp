@@ -33,6 +33,7 @@ enum class Kind : uint8_t {
   epilogue_begin,     // arg: the work tile
   epilogue_end,       //
   dq_add,             // backward: a dQ slab handed to global memory (bulk reduce-add / reds); arg: m_block
+  rescale_rows,       // after a rescale_taken: arg = how many of the recording warp's 16 rows moved their max
   kind_count
 };
 
@@ -45,7 +46,7 @@ enum class Operand : int32_t { q = 0, k, v, dout, lse, dsum, out };
 inline constexpr std::array<std::string_view, static_cast<size_t>(Kind::kind_count)> kKindNames = {
     "tile_begin", "tile_end",  "wait_begin",      "wait_end",        "tma_issue", "s_issue",
     "s_done",     "softmax_begin", "softmax_end", "rescale_taken",   "rescale_skipped",
-    "pv_issue",   "pv_done",   "epilogue_begin",  "epilogue_end",    "dq_add"};
+    "pv_issue",   "pv_done",   "epilogue_begin",  "epilogue_end",    "dq_add",    "rescale_rows"};
 
 // The span a begin kind opens, and the kind that closes it (kind_count: not a span begin).
 constexpr Kind span_end_of(Kind begin) {

@@ -326,7 +326,7 @@ TEST(TraceValidate, RejectsDecreasingTimestamps) {
 TEST(TraceValidate, RejectsBadKindAndSizes) {
   Trace t = synthetic();
   t.events[(1 * 3 + 1) * 32 + 7].kind = uint8_t(Kind::kind_count);
-  expect_error([&] { validate(t); }, {"CTA 1 · consumer 0", "event 7 has kind 16"});
+  expect_error([&] { validate(t); }, {"CTA 1 · consumer 0", "event 7 has kind 17 (kinds end at 17)"});
 
   t = synthetic();
   t.writer_names.pop_back();
@@ -582,6 +582,37 @@ TEST(TraceSummary, HandComputedFigures) {
   EXPECT_NE(text.find("median 40 ns, p90 80 ns, max 110 ns"), std::string::npos) << text;
   EXPECT_NE(text.find("taken 3, skipped 2 (60.0% taken)"), std::string::npos) << text;
   EXPECT_EQ(text.find("WARNING"), std::string::npos) << text;
+}
+
+// Per-row rescales: each taken decision is followed by how many of the recording warp's 16 rows moved their
+// max; the summary reports them over 16 rows per decision, and says nothing per row for traces without them.
+TEST(TraceSummary, RescaleRowsPerDecision) {
+  using K = Kind;
+  Trace t = empty_trace(1, {"consumer 0"}, 32);
+  put(t, 0, 0, 0,
+      {{0, K::tile_begin},
+       {10, K::rescale_taken, 1},
+       {10, K::rescale_rows, 3},
+       {20, K::rescale_skipped, 2},
+       {30, K::rescale_taken, 3},
+       {30, K::rescale_rows, 16},
+       {40, K::rescale_skipped, 4},
+       {50, K::tile_end}});
+  const Summary s = summarize(t);
+  EXPECT_EQ(s.rescale_taken, 2u);
+  EXPECT_EQ(s.rescale_skipped, 2u);
+  EXPECT_EQ(s.rescale_rows, 19u);
+  EXPECT_EQ(s.rescale_row_samples, 2u);
+  EXPECT_DOUBLE_EQ(s.rescale_row_fraction, 19.0 / 64.0);
+  const std::string text = to_text(s);
+  EXPECT_NE(text.find("rescale rows 19 of 64 row decisions moved their max (29.69%; 9.5 of 16 rows per taken tile"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(to_json(s)["rescale_rows"], 19);
+
+  Trace old = empty_trace(1, {"consumer 0"}, 8);  // recorded before rescale_rows existed
+  put(old, 0, 0, 0, {{0, K::tile_begin}, {10, K::rescale_taken, 1}, {20, K::tile_end}});
+  EXPECT_EQ(to_text(summarize(old)).find("rescale rows"), std::string::npos);
 }
 
 // Overlapping tensor-core intervals merge, intervals past the window are clipped to it, and the percentiles

@@ -80,6 +80,9 @@ __device__ __forceinline__ float quad_sum(float v) {
 struct Rescale {
   float factor[2] = {1.0f, 1.0f};
   bool any = false;  // warp-uniform: some row of this warp moved its reference max
+#if FA4_TRACE
+  int rows_moved = 0;  // trace builds: how many of the warp's 16 rows moved their max (the summary's per-row rate)
+#endif
 };
 
 template <int HeadDim>
@@ -132,16 +135,27 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAc
   // Correction decision: per row; O is multiplied later, and only when some row of this warp moved its max.
   Rescale rescale;
   bool any_rescaled = false;
+#if FA4_TRACE
+  bool moved[2];
+#endif
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float tile_max = Form == ScoreForm::raw_max ? quad_max(block_max[h]) * c : quad_max(block_max[h]);
     const num::RowMaxUpdate u = num::update_row_max(rows.m[h], tile_max, p.rescale_threshold);
     rescale.factor[h] = u.rescaled ? exp2_mufu(u.log2_scale) : 1.0f;
     any_rescaled = any_rescaled || u.rescaled;
+#if FA4_TRACE
+    moved[h] = u.rescaled;
+#endif
     rows.m[h] = u.m;
     rows.l[h] *= rescale.factor[h];
   }
   rescale.any = __any_sync(0xffffffffu, any_rescaled);
+#if FA4_TRACE
+  const bool quad_lead = threadIdx.x % 4 == 0;  // the 4 lanes of a quad decide the same two rows
+  rescale.rows_moved = __popc(__ballot_sync(0xffffffffu, quad_lead && moved[0])) +
+                       __popc(__ballot_sync(0xffffffffu, quad_lead && moved[1]));
+#endif
 
   // P = exp2(x - m), MUFU or emulated per the policy.
   const float m_sub[2] = {num::safe_max(rows.m[0]), num::safe_max(rows.m[1])};
@@ -277,6 +291,9 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
     const Rescale rescale = softmax(s, n_block);
     FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, n_block);
     FA4_TRACE_RECORD(rec, rescale.any ? trace::Kind::rescale_taken : trace::Kind::rescale_skipped, n_block);
+#if FA4_TRACE
+    if (rescale.any) FA4_TRACE_RECORD(rec, trace::Kind::rescale_rows, rescale.rows_moved);
+#endif
 
     ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
     ptx::wgmma_fence_operand(o);
