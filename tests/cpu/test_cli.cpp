@@ -44,6 +44,22 @@ TEST(Cli, RunWithGqaCausalStridedLayout) {
   EXPECT_TRUE(has(r, "PASS")) << r.output;
 }
 
+// A variable-length batch (empty and one-token sequences included), forward and backward, checked per sequence;
+// the dense batch/length/layout options cannot be combined with it (they would be ignored).
+TEST(Cli, RunVarlenChecksEverySequenceKind) {
+  const Result r = fa4("run --varlen 17,0,40,1 --heads 4 --heads-kv 2 -d 32 --causal --pass both --iters 1");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "problem   varlen b=4 total=58 lens [17, 0, 40, 1] h=4/2 d=32 bf16 causal")) << r.output;
+  EXPECT_TRUE(has(r, "backward")) << r.output;
+  EXPECT_TRUE(has(r, "check     PASS")) << r.output;
+  const Result both = fa4("run --varlen 17,5 -s 100");
+  EXPECT_NE(both.code, 0);
+  EXPECT_TRUE(has(both, "--seqlen excludes --varlen")) << both.output;
+  const Result negative = fa4("run --varlen 17,-5");
+  EXPECT_NE(negative.code, 0);
+  EXPECT_TRUE(has(negative, "--varlen: must be >= 0, got -5")) << negative.output;
+}
+
 TEST(Cli, BadOptionValueExitsNonZeroNamingIt) {
   const Result r = fa4("run --dtype f32 --emulated-fraction 0.25 -s 16 --iters 1");
   EXPECT_EQ(r.code, 2) << r.output;

@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <limits>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -28,6 +30,7 @@ struct RunArgs {
   std::string backend = "auto";
   int iters = 3;
   int check_rows = 8;
+  std::vector<int64_t> varlen;  // per-sequence lengths of a variable-length batch (queries = keys); empty: dense
 };
 
 // Relative tolerance of the spot checks. O: per sampled row, max|ours - ref| <= tol * max(1, max|ref|).
@@ -106,7 +109,139 @@ void check_slices(const ProblemArgs& pa, DType dtype, const Options& opts, const
   }
 }
 
+// A rank-4 [1, rows, heads, d] view of rows [row0, row0 + rows) of a packed [1, total, heads, d] host tensor.
+Tensor rows_of(const HostTensor& packed, int64_t row0, int64_t rows) {
+  Tensor t = packed.desc();
+  t.data = static_cast<std::byte*>(t.data) + row0 * t.stride[1] * int64_t(element_size(t.dtype));
+  t.shape[1] = rows;
+  return t;
+}
+
+// The packed [total, heads, d] (rank 3) view of a [1, total, heads, d] host tensor.
+Tensor packed_view(const HostTensor& t) {
+  Tensor p = t.desc();
+  p.rank = 3;
+  p.shape = {t.desc().shape[1], t.desc().shape[2], t.desc().shape[3], 1};
+  p.stride = {t.desc().stride[1], t.desc().stride[2], t.desc().stride[3], 1};
+  return p;
+}
+
+// `fa4 run --varlen L1,L2,...`: one variable-length batch (sequence b has L_b queries and L_b keys) through
+// forward_varlen / backward_varlen, timed, and sampled rows of O and dQ checked against the fp64 reference of
+// their own sequence. The backend is the library's choice as for dense runs: today only the CPU runs varlen.
+void run_varlen(const RunArgs& a) {
+  const ProblemArgs& pa = a.problem;
+  const DType dtype = parse_dtype(pa.dtype);
+  const Options opts = pa.options();
+  const std::vector<int64_t>& lens = a.varlen;
+  std::vector<int32_t> cu{0};
+  for (int64_t n : lens) {
+    if (cu.back() + n > std::numeric_limits<int32_t>::max())
+      throw Error(Status::invalid_argument, "fa4 run: --varlen: expected lengths summing below 2^31");
+    cu.push_back(cu.back() + int32_t(n));
+  }
+  const int64_t total = cu.back(), h = pa.heads, hk = pa.hkv(), d = pa.head_dim;
+  auto q = HostTensor::make(dtype, {1, total, h, d}), k = HostTensor::make(dtype, {1, total, hk, d}),
+       v = HostTensor::make(dtype, {1, total, hk, d}), out = HostTensor::make(dtype, {1, total, h, d});
+  q.fill_normal(pa.seed * 7 + 1);
+  k.fill_normal(pa.seed * 7 + 2);
+  v.fill_normal(pa.seed * 7 + 3);
+  out.poison();
+  std::vector<float> lse_data(size_t(h * total), std::numeric_limits<float>::quiet_NaN());
+  Tensor lse = Tensor::contiguous3(lse_data.data(), DType::f32, Device::cpu, {h, total, 1});
+  lse.rank = 2;
+  Varlen vl;
+  vl.cu_seqlens_q = vl.cu_seqlens_k = cu.data();
+  vl.batch = int64_t(lens.size());
+  vl.max_seqlen_q = vl.max_seqlen_k = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
+  const Tensor q3 = packed_view(q), k3 = packed_view(k), v3 = packed_view(v), out3 = packed_view(out);
+
+  // The library decides where a varlen batch runs; only host tensors are offered until a CUDA varlen path exists
+  // here and in the library (supports_varlen refuses CUDA tensors today, and --backend cuda says so).
+  if (a.backend == "cuda")
+    throw Error(Status::unsupported, "fa4 run: --backend cuda with --varlen: the library runs variable-length "
+                                     "batches on the CPU backend only in this version");
+  const Support fwd = supports_varlen(Pass::forward, q3, k3, v3, vl, opts);
+  if (!fwd.ok) throw Error(fwd.code, fwd.reason);
+  const bool do_bwd = a.pass != "fwd";
+  fmt::print("backend   cpu ({})\n", a.backend == "cpu" ? "requested" : "variable-length batches run on the CPU backend");
+  std::string shape = fmt::format("varlen b={} total={} lens [", lens.size(), total);
+  for (size_t i = 0; i < lens.size() && i < 8; ++i) shape += fmt::format("{}{}", i ? ", " : "", lens[i]);
+  shape += lens.size() > 8 ? ", ...]" : "]";
+  std::string mask = opts.causal ? " causal" : "";
+  if (opts.window_left >= 0 || opts.window_right >= 0)
+    mask += fmt::format(" window({},{})", opts.window_left, opts.window_right);
+  fmt::print("problem   {} h={}/{} d={} {}{}\n", shape, h, hk, d, to_string(dtype), mask);
+
+  double fl_fwd = 0, fl_bwd = 0;
+  for (int64_t n : lens) {
+    fl_fwd += attention_flops(1, h, n, n, d, opts, Pass::forward);
+    fl_bwd += attention_flops(1, h, n, n, d, opts, Pass::backward);
+  }
+  const double fsec = median_seconds([&] { forward_varlen(q3, k3, v3, out3, &lse, vl, opts); }, a.iters);
+  if (a.pass != "bwd")
+    fmt::print("forward   {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", fsec * 1e3, fl_fwd / fsec / 1e12, a.iters);
+  HostTensor dout, dq, dk, dv;
+  if (do_bwd) {
+    dout = HostTensor::make(dtype, {1, total, h, d});
+    dout.fill_normal(pa.seed * 7 + 4);
+    dq = HostTensor::make(dtype, {1, total, h, d}), dk = HostTensor::make(dtype, {1, total, hk, d}),
+    dv = HostTensor::make(dtype, {1, total, hk, d});
+    for (auto* t : {&dq, &dk, &dv}) t->poison();
+    const double bsec = median_seconds([&] {
+      backward_varlen(q3, k3, v3, out3, packed_view(dout), lse, packed_view(dq), packed_view(dk), packed_view(dv), vl,
+                      opts);
+    }, a.iters);
+    fmt::print("backward  {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", bsec * 1e3, fl_bwd / bsec / 1e12, a.iters);
+  }
+
+  std::vector<int64_t> nonempty;
+  for (size_t b = 0; b < lens.size(); ++b)
+    if (lens[b] > 0) nonempty.push_back(int64_t(b));
+  if (a.check_rows <= 0 || nonempty.empty() || h == 0) {
+    fmt::print("check     skipped\n");
+    return;
+  }
+  // Sampled rows of O (and dQ) against the fp64 reference of their own sequence, as a dense batch of one.
+  std::mt19937_64 rng(pa.seed);
+  const double tol = row_tolerance(dtype);
+  double worst_o = 0;
+  GradError eq;
+  bool finite = true;
+  std::vector<double> ref(static_cast<size_t>(d), 0.0);
+  for (int r = 0; r < a.check_rows; ++r) {
+    const int64_t b = nonempty[r == 0 ? nonempty.size() - 1 : rng() % nonempty.size()], n = lens[size_t(b)];
+    const int64_t hh = rng() % h, i = r == 0 ? n - 1 : int64_t(rng() % uint64_t(n)), row0 = cu[size_t(b)];
+    const Tensor qs = rows_of(q, row0, n), ks = rows_of(k, row0, n), vs = rows_of(v, row0, n);
+    const detail::Problem prob = detail::validate_inputs("fa4 run (reference)", qs, ks, vs, opts);
+    cpu::reference_forward_row(prob, qs, ks, vs, 0, hh, i, ref.data());
+    double scale = 1, err = 0;
+    for (int64_t c = 0; c < d; ++c) scale = std::max(scale, std::fabs(ref[size_t(c)]));
+    for (int64_t c = 0; c < d; ++c) {
+      const double x = out.at({0, row0 + i, hh, c});
+      finite = finite && std::isfinite(x);
+      err = std::max(err, std::fabs(x - ref[size_t(c)]));
+    }
+    worst_o = std::max(worst_o, err / scale);
+    if (do_bwd) {
+      cpu::reference_backward_dq_row(prob, qs, ks, vs, rows_of(dout, row0, n), 0, hh, i, ref.data());
+      for (int64_t c = 0; c < d; ++c) eq.add(dq.at({0, row0 + i, hh, c}), ref[size_t(c)]);
+    }
+  }
+  finite = finite && eq.finite;
+  const bool ok = finite && worst_o <= tol && (!do_bwd || eq.rel() <= tol);
+  std::string what = fmt::format("O {:.2e} ({} sampled rows)", worst_o, a.check_rows);
+  if (do_bwd) what += fmt::format(", dQ {:.2e} (the same rows)", eq.rel());
+  fmt::print("check     {}: max rel err vs the fp64 reference {} (tolerance {:.1e}){}\n", ok ? "PASS" : "FAIL", what, tol,
+             finite ? "" : "; non-finite values");
+  if (!ok) set_exit_code(1);
+}
+
 void run(const RunArgs& a) {
+  if (!a.varlen.empty()) {
+    run_varlen(a);
+    return;
+  }
   const ProblemArgs& pa = a.problem;
   const DType dtype = parse_dtype(pa.dtype);
   const auto layout = parse_layout(pa.layout);
@@ -248,6 +383,13 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--backend", args->backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--iters", args->iters, "timed iterations (median reported)")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--check-rows", args->check_rows, "rows checked against the reference (0: no check)")->check(kAtLeastZero)->capture_default_str();
+  CLI::Option* varlen = cmd->add_option("--varlen", args->varlen,
+                                        "a variable-length batch: the sequences' lengths, comma-separated (queries "
+                                        "= keys; packed without padding)")
+                            ->delimiter(',')
+                            ->check(kAtLeastZero);
+  // The batch and its lengths come from --varlen, its layout is the packed one: those options would be ignored.
+  for (const char* other : {"--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--layout"}) varlen->excludes(other);
   cmd->callback([args] { run(*args); });
 }
 
