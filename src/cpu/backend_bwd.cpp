@@ -170,8 +170,11 @@ void sink_gradient(const detail::Problem& p, const Tensor& lse, const std::vecto
     const double sink = sink_logit(p, h);
     double sum = 0;
     for (int64_t b = 0; b < p.batch; ++b)
-      for (int64_t i = 0; i < p.seqlen_q; ++i)
-        sum -= std::exp(sink - double(lse_at(lse, b, h, i))) * double(dsums[(b * p.heads_q + h) * p.seqlen_q + i]);
+      for (int64_t i = 0; i < p.seqlen_q; ++i) {
+        const double row_lse = lse_at(lse, b, h, i);
+        if (row_lse == -INFINITY) continue;  // no key and a sink of -inf: nothing in the row (exp(-inf + inf) is NaN)
+        sum -= std::exp(sink - row_lse) * double(dsums[(b * p.heads_q + h) * p.seqlen_q + i]);
+      }
     vector_at(*p.dsinks, h) = float(sum);
   }
 }

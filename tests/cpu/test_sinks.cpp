@@ -153,16 +153,17 @@ TEST(Sinks, GradientMatchesFiniteDifferences) {
 }
 
 // The blocked bf16/f32 backward's dsinks against the exact reference, with the tolerance rule's baseline (the
-// same-precision reference).
+// same-precision reference); causal with more queries than keys, so rows 0..19 see no key, and one sink of -inf
+// (no sink: those rows then have LSE = -inf and must add nothing, not NaN).
 TEST(Sinks, BackendGradientMatchesTheReference) {
   for (DType dtype : {DType::bf16, DType::f32}) {
     CaseSpec c;
     c.dtype = dtype;
     c.batch = 3, c.seqlen_q = 150, c.seqlen_k = 130, c.heads_q = 4, c.heads_kv = 1, c.head_dim = 64;
-    c.options.window_left = 50;
+    c.options.causal = true;
     c.seed = 41 + uint64_t(dtype);
     fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c);
-    const std::vector<float> vals = {0.5f, 4.0f, -1.0f, 2.0f};
+    const std::vector<float> vals = {0.5f, 4.0f, -std::numeric_limits<float>::infinity(), 2.0f};
     const SinkRun got = run_with_sinks(c, in, vals, true);
 
     const Vector sinks(vals);
@@ -182,6 +183,7 @@ TEST(Sinks, BackendGradientMatchesTheReference) {
         base(naive.data.begin(), naive.data.end());
     const fa4::testing::Comparison cmp = fa4::testing::compare(ours, ref, base, DType::f32, 2.0, 0.0);
     EXPECT_TRUE(cmp.pass) << fa4::to_string(dtype) << ": dsinks " << cmp.summary();
+    EXPECT_EQ(got.dsinks[2], 0.0f) << "a sink of -inf has no gradient";
   }
 }
 
