@@ -314,6 +314,19 @@ TEST(GpuBackwardSm90, ClusterPairMatchesSingleCta) {
           EXPECT_TRUE(paired.dv_values == single.dv_values) << c.name() << ": dV differs between pair and single CTA";
         }
       }
+  // Pairs with no work: no queries at all, and a narrow window far from most key blocks (whole pairs see no row;
+  // their dK, dV must be zeros and nothing may wait for them).
+  for (const char* mode : {"1", "multicast"})
+    for (Shape sh : {Shape{0, 300}, Shape{40, 1000}}) {
+      const ClusterOverride on(mode);
+      BwdCase c;
+      c.head_dim = 128;
+      c.batch = 2, c.seqlen_q = sh.seqlen_q, c.seqlen_k = sh.seqlen_k, c.heads_q = 2, c.heads_kv = 1;
+      c.options.window_left = 5, c.options.window_right = 5;
+      c.seed = 5300 + uint64_t(sh.seqlen_q);
+      SCOPED_TRACE(std::string("FA4_BWD_CLUSTER=") + mode);
+      check_backward_case(c);
+    }
 }
 
 // A small case for compute-sanitizer (scripts/device-check): GQA, causal, tails on both sides.

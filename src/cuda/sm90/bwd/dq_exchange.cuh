@@ -69,13 +69,15 @@ class DqPairExchange {
       }
     }
     meet();  // the slabs are staged (the writer took them): the helpers may read them
-    const uint32_t thread = uint32_t(adder_) * 32 + threadIdx.x % 32;
+    // 512 float4 per half over 96 threads: the first 32 indices take one vector more. The helpers take those
+    // (the writer warp comes last), since the writer also issues every bulk operation.
+    const uint32_t thread = uint32_t((adder_ + kDqAdderWarps - 1) % kDqAdderWarps) * 32 + threadIdx.x % 32;
 #pragma unroll 1
     for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
       float* own_half = smem_.scratch.dq_staging[c] + rank_ * kHalfFloats;
       const float* incoming = smem_.scratch.dq_incoming[c];
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::peer);
-      ptx::mbarrier_wait_parity(&smem_.scratch.dq_incoming_full[c], phase.phase);
+      ptx::mbarrier_wait_parity_cluster(&smem_.scratch.dq_incoming_full[c], phase.phase);  // the peer's bytes
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::peer);
 #pragma unroll 2
       for (uint32_t i = thread * 4; i < kHalfFloats; i += kDqAdderThreads * 4) {
@@ -97,7 +99,7 @@ class DqPairExchange {
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::peer);
 #pragma unroll 1
     for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-      ptx::mbarrier_wait_parity(&smem_.scratch.dq_pushed_consumed[c], phase.phase);
+      ptx::mbarrier_wait_parity_cluster(&smem_.scratch.dq_pushed_consumed[c], phase.phase);  // a peer's release
       dq_hand_back(smem_, c);
     }
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::peer);
