@@ -60,6 +60,13 @@ TEST(Cli, RunVarlenChecksEverySequenceKind) {
   EXPECT_TRUE(has(negative, "--varlen: must be >= 0, got -5")) << negative.output;
 }
 
+// --host-cost times the GPU backend's launch path; on the CPU backend it says why there is nothing to time.
+TEST(Cli, RunHostCostSaysWhatItMeasures) {
+  const Result r = fa4("run -s 64 --heads 2 --iters 1 --host-cost 20");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "host      forward") || has(r, "host      not measured: on the CPU backend")) << r.output;
+}
+
 TEST(Cli, BadOptionValueExitsNonZeroNamingIt) {
   const Result r = fa4("run --dtype f32 --emulated-fraction 0.25 -s 16 --iters 1");
   EXPECT_EQ(r.code, 2) << r.output;

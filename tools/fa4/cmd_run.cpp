@@ -31,6 +31,7 @@ struct RunArgs {
   int iters = 3;
   int check_rows = 8;
   std::vector<int64_t> varlen;  // per-sequence lengths of a variable-length batch (queries = keys); empty: dense
+  int host_cost_calls = 0;      // > 0: also time the host side of that many unsynchronized calls (GPU backend)
 };
 
 // Relative tolerance of the spot checks. O: per sampled row, max|ours - ref| <= tol * max(1, max|ref|).
@@ -290,6 +291,17 @@ void run(const RunArgs& a) {
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::forward);
     if (a.pass != "bwd") fmt::print("forward   {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", sec * 1e3, fl / sec / 1e12, a.iters);
   }
+  if (a.host_cost_calls > 0) {
+    // Host time per call (issue 12: an engine's CPU thread pays this per attention call): on the GPU backend the
+    // library's launch path; on the CPU backend the call is the computation, so there is nothing separate to time.
+    if (cuda)
+      fmt::print("host      forward {:8.2f} us per call ({} calls, not synchronized in between)\n",
+                 gpu::host_us_per_call([&] { forward(gq->desc(), gk->desc(), gv->desc(), gout->desc(), &glse->desc(), opts); },
+                                       a.host_cost_calls),
+                 a.host_cost_calls);
+    else
+      fmt::print("host      not measured: on the CPU backend the call is the computation\n");
+  }
   HostTensor dout, dq, dk, dv;
   if (do_bwd) {
     dout = HostTensor::make(dtype, qs, layout);
@@ -300,10 +312,14 @@ void run(const RunArgs& a) {
     if (cuda) {  // on the device O and LSE of the forward above; gradients and workspace NaN-poisoned
       const gpu::Mirror gdout(dout), gdq(dq), gdk(dk), gdv(dv);
       const gpu::Buffer ws(workspace_size(Pass::backward, gq->desc(), gk->desc(), gv->desc(), opts));
-      sec = gpu::median_ms([&] {
+      const auto call = [&] {
         backward(gq->desc(), gk->desc(), gv->desc(), gout->desc(), gdout.desc(), glse->desc(), gdq.desc(), gdk.desc(),
                  gdv.desc(), opts, ws.workspace());
-      }, a.iters) * 1e-3;
+      };
+      sec = gpu::median_ms(call, a.iters) * 1e-3;
+      if (a.host_cost_calls > 0)
+        fmt::print("host      backward {:7.2f} us per call ({} calls, not synchronized in between; caller's workspace)\n",
+                   gpu::host_us_per_call(call, a.host_cost_calls), a.host_cost_calls);
       gdq.copy_to(dq), gdk.copy_to(dk), gdv.copy_to(dv);
     } else {
       sec = median_seconds([&] {
@@ -383,6 +399,9 @@ void add_run_command(CLI::App& app) {
   cmd->add_option("--backend", args->backend, "auto, cpu or cuda")->check(CLI::IsMember({"auto", "cpu", "cuda"}))->capture_default_str();
   cmd->add_option("--iters", args->iters, "timed iterations (median reported)")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--check-rows", args->check_rows, "rows checked against the reference (0: no check)")->check(kAtLeastZero)->capture_default_str();
+  cmd->add_option("--host-cost", args->host_cost_calls,
+                  "also time the host side of N back-to-back unsynchronized calls (GPU backend; 0: off)")
+      ->check(kAtLeastZero);
   CLI::Option* varlen = cmd->add_option("--varlen", args->varlen,
                                         "a variable-length batch: the sequences' lengths, comma-separated (queries "
                                         "= keys; packed without padding)")

@@ -1,6 +1,7 @@
 #include "fa4/gpu.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <vector>
 
 #include "api/device_info.hpp"
@@ -97,6 +98,16 @@ double median_ms(const std::function<void()>& fn, int iters) {
   return ms[ms.size() / 2];
 }
 
+double host_us_per_call(const std::function<void()>& fn, int calls) {
+  fn();
+  check(cudaDeviceSynchronize(), "warm-up");
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < calls; ++i) fn();
+  const auto stop = std::chrono::steady_clock::now();
+  check(cudaDeviceSynchronize(), "the timed calls");
+  return std::chrono::duration<double, std::micro>(stop - start).count() / calls;
+}
+
 void Executor::forward(testing::HostTensor& q, testing::HostTensor& k, testing::HostTensor& v,
                        testing::HostTensor& out, testing::HostTensor& lse, const Options& options) {
   backward_skipped_.clear();
@@ -142,6 +153,7 @@ void Mirror::copy_to(testing::HostTensor&) const {}
 Buffer::Buffer(std::size_t, int) { no_cuda(); }
 Buffer::~Buffer() = default;
 double median_ms(const std::function<void()>&, int) { no_cuda(); }
+double host_us_per_call(const std::function<void()>&, int) { no_cuda(); }
 double median_ms(const std::vector<std::function<void()>>&, int) { no_cuda(); }
 void Executor::forward(testing::HostTensor&, testing::HostTensor&, testing::HostTensor&, testing::HostTensor&,
                        testing::HostTensor&, const Options&) {

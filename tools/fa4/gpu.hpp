@@ -54,6 +54,11 @@ class Buffer {
 // warm-up run.
 double median_ms(const std::function<void()>& fn, int iters);
 
+// Host microseconds per call of `fn` (an asynchronous launch sequence): after a warm-up call and a
+// synchronization, `calls` back-to-back calls timed by the host clock with nothing synchronized in between,
+// then one synchronization (not timed). What an engine's CPU thread pays per attention call.
+double host_us_per_call(const std::function<void()>& fn, int calls);
+
 // The same over calls that each use their own inputs (a rotation whose working sets together exceed L2, so
 // that no call finds its inputs in L2): one warm-up round of every call, then at least `iters` calls in whole
 // rounds, each timed alone with CUDA events; the median.
