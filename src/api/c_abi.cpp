@@ -12,7 +12,8 @@ namespace {
 
 thread_local std::string g_last_error;
 
-fa4::Tensor to_cpp(const fa4_tensor* t, const char* arg) {
+// A descriptor of rank min_rank .. max_rank (the tensors: 2 to 4; the sinks: 1).
+fa4::Tensor to_cpp(const fa4_tensor* t, const char* arg, int min_rank = 2, int max_rank = 4) {
   if (t == nullptr) throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg + "': expected a tensor descriptor, got NULL");
   fa4::Tensor r;
   r.data = t->data;
@@ -20,8 +21,12 @@ fa4::Tensor to_cpp(const fa4_tensor* t, const char* arg) {
   r.device = static_cast<fa4::Device>(t->device);
   r.device_index = t->device_index;
   r.rank = t->rank;
-  if (t->rank < 2 || t->rank > 4)
-    throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg + "': expected rank 2 to 4, got rank " + std::to_string(t->rank));
+  if (t->rank < min_rank || t->rank > max_rank) {
+    const std::string ranks = min_rank == max_rank ? std::to_string(min_rank)
+                                                   : std::to_string(min_rank) + " to " + std::to_string(max_rank);
+    throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg + "': expected rank " + ranks +
+                                                        ", got rank " + std::to_string(t->rank));
+  }
   for (int i = 0; i < 4; ++i) {
     r.shape[i] = i < t->rank ? t->shape[i] : 1;
     r.stride[i] = i < t->rank ? t->stride[i] : 1;
@@ -51,11 +56,11 @@ class CppOptions {
     r_.deterministic = o->deterministic != 0;
     const auto has = [o](size_t end) { return o->struct_size >= end; };
     if (has(offsetof(fa4_options, sinks) + sizeof(o->sinks)) && o->sinks) {
-      sinks_ = vector_to_cpp(o->sinks, "options.sinks");
+      sinks_ = to_cpp(o->sinks, "options.sinks", 1, 1);
       r_.sinks = &sinks_;
     }
     if (has(offsetof(fa4_options, dsinks) + sizeof(o->dsinks)) && o->dsinks) {
-      dsinks_ = vector_to_cpp(o->dsinks, "options.dsinks");
+      dsinks_ = to_cpp(o->dsinks, "options.dsinks", 1, 1);
       r_.dsinks = &dsinks_;
     }
   }
@@ -64,21 +69,6 @@ class CppOptions {
   const fa4::Options& get() const { return r_; }
 
  private:
-  static fa4::Tensor vector_to_cpp(const fa4_tensor* t, const char* arg) {
-    if (t->rank != 1)
-      throw fa4::Error(fa4::Status::invalid_argument, std::string("fa4: argument '") + arg +
-                                                          "': expected rank 1, got rank " + std::to_string(t->rank));
-    fa4::Tensor r;
-    r.data = t->data;
-    r.dtype = static_cast<fa4::DType>(t->dtype);
-    r.device = static_cast<fa4::Device>(t->device);
-    r.device_index = t->device_index;
-    r.rank = 1;
-    r.shape = {t->shape[0], 0, 0, 0};
-    r.stride = {t->stride[0], 0, 0, 0};
-    return r;
-  }
-
   fa4::Options r_;
   fa4::Tensor sinks_, dsinks_;
 };

@@ -63,6 +63,31 @@ struct GradError {
   double rel() const { return err / (scale > 0 ? scale : 1.0); }
 };
 
+// One sampled row (b, i, h) of O against its fp64 reference row: max|ours - ref| over max(1, max|ref|).
+double row_error(const HostTensor& out, int64_t b, int64_t i, int64_t h, const std::vector<double>& ref,
+                 bool& finite) {
+  double scale = 1, err = 0;
+  for (double r : ref) scale = std::max(scale, std::fabs(r));
+  for (size_t c = 0; c < ref.size(); ++c) {
+    const double x = out.at({b, i, h, int64_t(c)});
+    finite = finite && std::isfinite(x);
+    err = std::max(err, std::fabs(x - ref[c]));
+  }
+  return err / scale;
+}
+
+void print_timing(const char* pass, double seconds, double flops, int iters) {
+  fmt::print("{:<9} {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", pass, seconds * 1e3, flops / seconds / 1e12,
+             iters);
+}
+
+// The check line; a failure sets the exit status.
+void print_check(bool ok, const std::string& what, double tol, bool finite) {
+  fmt::print("check     {}: max rel err vs the fp64 reference {} (tolerance {:.1e}){}\n", ok ? "PASS" : "FAIL", what, tol,
+             finite ? "" : "; non-finite values");
+  if (!ok) set_exit_code(1);
+}
+
 // Above this many multiply-adds per slice (heads per kv head × s_q × s_k × d) the dK/dV check is left out: a
 // slice is one head's whole fp64 backward on one core (about 5 of these per multiply-add).
 constexpr double kSliceBudget = 2.2e9;
@@ -181,7 +206,7 @@ void run_varlen(const RunArgs& a) {
   }
   const double fsec = median_seconds([&] { forward_varlen(q3, k3, v3, out3, &lse, vl, opts); }, a.iters);
   if (a.pass != "bwd")
-    fmt::print("forward   {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", fsec * 1e3, fl_fwd / fsec / 1e12, a.iters);
+    print_timing("forward", fsec, fl_fwd, a.iters);
   HostTensor dout, dq, dk, dv;
   if (do_bwd) {
     dout = HostTensor::make(dtype, {1, total, h, d});
@@ -193,7 +218,7 @@ void run_varlen(const RunArgs& a) {
       backward_varlen(q3, k3, v3, out3, packed_view(dout), lse, packed_view(dq), packed_view(dk), packed_view(dv), vl,
                       opts);
     }, a.iters);
-    fmt::print("backward  {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", bsec * 1e3, fl_bwd / bsec / 1e12, a.iters);
+    print_timing("backward", bsec, fl_bwd, a.iters);
   }
 
   std::vector<int64_t> nonempty;
@@ -216,14 +241,7 @@ void run_varlen(const RunArgs& a) {
     const Tensor qs = rows_of(q, row0, n), ks = rows_of(k, row0, n), vs = rows_of(v, row0, n);
     const detail::Problem prob = detail::validate_inputs("fa4 run (reference)", qs, ks, vs, opts);
     cpu::reference_forward_row(prob, qs, ks, vs, 0, hh, i, ref.data());
-    double scale = 1, err = 0;
-    for (int64_t c = 0; c < d; ++c) scale = std::max(scale, std::fabs(ref[size_t(c)]));
-    for (int64_t c = 0; c < d; ++c) {
-      const double x = out.at({0, row0 + i, hh, c});
-      finite = finite && std::isfinite(x);
-      err = std::max(err, std::fabs(x - ref[size_t(c)]));
-    }
-    worst_o = std::max(worst_o, err / scale);
+    worst_o = std::max(worst_o, row_error(out, 0, row0 + i, hh, ref, finite));
     if (do_bwd) {
       cpu::reference_backward_dq_row(prob, qs, ks, vs, rows_of(dout, row0, n), 0, hh, i, ref.data());
       for (int64_t c = 0; c < d; ++c) eq.add(dq.at({0, row0 + i, hh, c}), ref[size_t(c)]);
@@ -233,9 +251,7 @@ void run_varlen(const RunArgs& a) {
   const bool ok = finite && worst_o <= tol && (!do_bwd || eq.rel() <= tol);
   std::string what = fmt::format("O {:.2e} ({} sampled rows)", worst_o, a.check_rows);
   if (do_bwd) what += fmt::format(", dQ {:.2e} (the same rows)", eq.rel());
-  fmt::print("check     {}: max rel err vs the fp64 reference {} (tolerance {:.1e}){}\n", ok ? "PASS" : "FAIL", what, tol,
-             finite ? "" : "; non-finite values");
-  if (!ok) set_exit_code(1);
+  print_check(ok, what, tol, finite);
 }
 
 void run(const RunArgs& a) {
@@ -289,7 +305,7 @@ void run(const RunArgs& a) {
              : median_seconds([&] { forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), opts); }, a.iters);
     if (cuda) gout->copy_to(out), glse->copy_to(lse);
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::forward);
-    if (a.pass != "bwd") fmt::print("forward   {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", sec * 1e3, fl / sec / 1e12, a.iters);
+    if (a.pass != "bwd") print_timing("forward", sec, fl, a.iters);
   }
   if (a.host_cost_calls > 0) {
     // Host time per call (issue 12: an engine's CPU thread pays this per attention call): on the GPU backend the
@@ -327,7 +343,7 @@ void run(const RunArgs& a) {
       }, a.iters);
     }
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::backward);
-    fmt::print("backward  {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", sec * 1e3, fl / sec / 1e12, a.iters);
+    print_timing("backward", sec, fl, a.iters);
   }
 
   // Spot check against the fp64 reference: sampled rows of O and dQ; with a backward also dQ, dK and dV of whole
@@ -345,14 +361,7 @@ void run(const RunArgs& a) {
   for (int r = 0; r < a.check_rows; ++r) {
     const int64_t b = rng() % pa.batch, h = rng() % pa.heads, i = r == 0 ? pa.sq() - 1 : rng() % pa.sq();
     cpu::reference_forward_row(prob, q.desc(), k.desc(), v.desc(), b, h, i, ref.data());
-    double scale = 1, err = 0;
-    for (int64_t c = 0; c < pa.head_dim; ++c) scale = std::max(scale, std::fabs(ref[c]));
-    for (int64_t c = 0; c < pa.head_dim; ++c) {
-      const double x = out.at({b, i, h, c});
-      finite = finite && std::isfinite(x);
-      err = std::max(err, std::fabs(x - ref[c]));
-    }
-    worst_o = std::max(worst_o, err / scale);
+    worst_o = std::max(worst_o, row_error(out, b, i, h, ref, finite));
     if (do_bwd) {
       cpu::reference_backward_dq_row(prob, q.desc(), k.desc(), v.desc(), dout.desc(), b, h, i, ref.data());
       for (int64_t c = 0; c < pa.head_dim; ++c) eq_rows.add(dq.at({b, i, h, c}), ref[c]);
@@ -382,9 +391,7 @@ void run(const RunArgs& a) {
                                   slices_checked ? fmt::format(" and {} slices", n_slices) : "");
   if (slices_checked)
     what += fmt::format(", dK {:.2e}, dV {:.2e} ({} whole (batch, kv head) slices)", ek.rel(), ev.rel(), n_slices);
-  fmt::print("check     {}: max rel err vs the fp64 reference {} (tolerance {:.1e}){}\n", ok ? "PASS" : "FAIL", what, tol,
-             finite ? "" : "; non-finite values");
-  if (!ok) set_exit_code(1);
+  print_check(ok, what, tol, finite);
 }
 
 }  // namespace

@@ -42,19 +42,9 @@ __device__ __forceinline__ void mbarrier_arrive_peer(uint64_t* peer_bar) {
 // CUTLASS uses and works in practice; the memory model asks for this one). Traps after FA4_MBARRIER_TIMEOUT_NS
 // like mbarrier_wait_parity.
 __device__ __forceinline__ void mbarrier_wait_parity_cluster(uint64_t* bar, uint32_t parity) {
-  const auto done = [&] {
+  poll_until([&] {
     return ::cuda::ptx::mbarrier_try_wait_parity(::cuda::ptx::sem_acquire, ::cuda::ptx::scope_cluster, bar, parity);
-  };
-  if (done()) return;
-#if FA4_MBARRIER_TIMEOUT_NS > 0
-  const uint64_t start = ::cuda::ptx::get_sreg_globaltimer();
-  while (!done())
-    if (::cuda::ptx::get_sreg_globaltimer() - start > static_cast<uint64_t>(FA4_MBARRIER_TIMEOUT_NS))
-      mbarrier_timeout_trap();
-#else
-  while (!done()) {
-  }
-#endif
+  });
 }
 
 // A TMA tile load whose box lands at the same shared-memory offset in every CTA of cta_mask, each CTA's

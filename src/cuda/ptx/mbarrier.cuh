@@ -43,19 +43,26 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity(uint64_t* bar, uint32_t
 // ~1 KiB per thread at d = 128 under its 240-register consumers; with the call, none).
 __device__ __noinline__ inline void mbarrier_timeout_trap() { __trap(); }
 
-// Blocks until the phase with this parity has completed; traps after FA4_MBARRIER_TIMEOUT_NS.
-__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
-  if (mbarrier_try_wait_parity(bar, parity)) return;  // the common case: no timer read
+// Polls until done() returns true (each poll a try_wait that suspends for a hardware-chosen time); traps after
+// FA4_MBARRIER_TIMEOUT_NS. The common case, done at once, reads no timer.
+template <class Done>
+__device__ __forceinline__ void poll_until(Done done) {
+  if (done()) return;
 #if FA4_MBARRIER_TIMEOUT_NS > 0
   const uint64_t start = ::cuda::ptx::get_sreg_globaltimer();
-  while (!mbarrier_try_wait_parity(bar, parity)) {
+  while (!done()) {
     if (::cuda::ptx::get_sreg_globaltimer() - start > static_cast<uint64_t>(FA4_MBARRIER_TIMEOUT_NS))
       mbarrier_timeout_trap();
   }
 #else
-  while (!mbarrier_try_wait_parity(bar, parity)) {
+  while (!done()) {
   }
 #endif
+}
+
+// Blocks until the phase with this parity has completed; traps after FA4_MBARRIER_TIMEOUT_NS.
+__device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
+  poll_until([&] { return mbarrier_try_wait_parity(bar, parity); });
 }
 
 }  // namespace fa4::ptx
