@@ -4,8 +4,9 @@
 //     fully masked rows), with softcap x = cap·tanh(s·scale/cap) and its derivative 1 − tanh² kept for dS,
 //   dSᵀ = Pᵀ ∘ (dPᵀ − D) once dPᵀ lands (the softmax scale is applied once, to dK here and to dQ later),
 //   issues dV += Pᵀ·dO and dK += dSᵀ·Q (RS wgmma, P and dS packed to 16 bits straight from the registers),
-//   writes dSᵀ to shared memory, and once every warpgroup has (ds_ready) issues its slab of dQ = dS·K,
-//   then releases the stage (with the CTA pair, also the peer's, whose producer filled half of it) and stages its dQ slab for the dQ writer warp (dq_reduce.cuh, dq_writer.cuh).
+//   writes dSᵀ to shared memory, and once every warpgroup has (ds_ready) issues its slab of dQ = dS·K before
+//   dK, stages the slab for the dQ writer warp (dq_reduce.cuh, dq_writer.cuh) while dK runs, then releases the
+//   stage (with the CTA pair, also the peer's, whose producer filled half of it).
 // dK and dV of the warpgroup's keys stay in registers over every query head of the group and every tile.
 #pragma once
 
@@ -97,37 +98,38 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       store_tile16<In, BlockM, BlockN>(ds_tile, dp, consumer * kWgmmaM, 0);
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) ds_frag[kb] = ptx::fragment_a_from_accumulator<In>(dp, kb);
-      issue_pv<In, HeadDim, BlockM>(dk, ds_frag, q_tile);  // dK += dSᵀ·Q
       ptx::fence_proxy_async_shared_cta();  // the dSᵀ stores, before the dQ wgmmas (async proxy) read them
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::barrier);
       ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::ds_ready),
                               Config::kConsumerWarpgroups * kWarpgroupThreads);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::barrier);
+      // dQ before dK (FA3's order): the commit groups complete in order, so once dV and dQ are done the slab is
+      // staged while dK still runs on the tensor core, instead of after all three.
       ptx::WgmmaAccumulator<Config::kDqN> dq;
       issue_dq<In, Row>(dq, smem_address(ds_tile), smem_address(smem.k), consumer);
-      ptx::wgmma_wait_group<0>();
-      FA4_TRACE_RECORD(rec, trace::Kind::pv_done, m_block);
+      issue_pv<In, HeadDim, BlockM>(dk, ds_frag, q_tile);  // dK += dSᵀ·Q
+      ptx::wgmma_wait_group<1>();  // dV and dQ landed; dK may still run
       ptx::wgmma_fence_operand(dv);
-      ptx::wgmma_fence_operand(dk);
       ptx::wgmma_fence_operand(dq);
 #pragma unroll
-      for (int kb = 0; kb < kKSteps; ++kb) {
-        ptx::wgmma_fence_operand(p_frag[kb]);
-        ptx::wgmma_fence_operand(ds_frag[kb]);
-      }
-      // Every thread releases the stage itself: each has read LSE₂ and D with ordinary loads, and racecheck
-      // pairs a read with the producer's next bulk copy only through the reading thread's own arrival (lane 0
-      // releasing for its warp after a barrier was reported as a race). Before the staging, which may wait for
-      // the dQ writer, so the producer refills the stage meanwhile.
+      for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
+      dq_stager.stage(dq);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
+      ptx::wgmma_wait_group<0>();
+      FA4_TRACE_RECORD(rec, trace::Kind::pv_done, m_block);
+      ptx::wgmma_fence_operand(dk);
+#pragma unroll
+      for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(ds_frag[kb]);
+      // Every thread releases the stage itself (dK read Q until now): each has read LSE₂ and D with ordinary
+      // loads, and racecheck pairs a read with the producer's next bulk copy only through the reading thread's
+      // own arrival (lane 0 releasing for its warp after a barrier was reported as a race).
       q_ring.consumer_release(stage);
       if (Config::kPairCapable && p.cluster_pair) {  // the peer's producer wrote half of this stage: one per warp
         __syncwarp();
         if (threadIdx.x % 32 == 0) q_ring.consumer_release_peer(stage, ptx::cluster_ctarank() ^ 1u);
       }
       ++stage;
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
-      dq_stager.stage(dq);
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
       FA4_TRACE_RECORD(rec, trace::Kind::tile_end, m_block);
       ds_buffer ^= 1;
     }
