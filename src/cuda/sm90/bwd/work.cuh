@@ -1,6 +1,8 @@
 // Which work a backward CTA owns and which query tiles it visits. The grid is one CTA per (key block, kv head,
-// batch), key blocks fastest and from the last down (the CTAs running together read the same Q/dO from L2). A CTA walks every query
-// head of its kv head's group and, for each, the query tiles [begin, end) that see at least one of its keys.
+// batch), key blocks fastest (the CTAs running together read the same Q/dO from L2): from the first up in the
+// default mode, so with a causal mask the longest walks start first and the grid's tail is short ones; from the
+// last down in deterministic mode (dq_turn_of). A CTA walks every query head of its kv head's group and, for
+// each, the query tiles [begin, end) that see at least one of its keys.
 #pragma once
 
 #include <cstdint>
@@ -43,7 +45,8 @@ template <int BlockM, int BlockN>
 __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
   BwdWork w;
   const int32_t linear = int32_t(blockIdx.x);
-  w.n_block = p.n_block_slots - 1 - linear % p.n_block_slots;  // the last key block first: see dq_turn_of
+  const int32_t slot = linear % p.n_block_slots;
+  w.n_block = p.deterministic ? p.n_block_slots - 1 - slot : slot;  // deterministic: the last first, see dq_turn_of
   w.kv_head = (linear / p.n_block_slots) % p.heads_kv;
   w.batch = linear / p.n_block_slots / p.heads_kv;
   RowInterval r = rows_seeing_key_block<BlockN>(p, w.n_block);
