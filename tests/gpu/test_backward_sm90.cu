@@ -31,8 +31,9 @@ using fa4::testing::Layout;
 // A GPU case plus where the backward's workspace comes from.
 struct BwdCase : GpuCase {
   bool caller_workspace = true;  // else fa4 allocates it stream-ordered
-  // > 0: dq, dk, dv rows (seqlen stride) padded by this many elements past h * d, so that a row is not
-  // 16-byte aligned and the kernel must take its per-thread stores (the pads must stay untouched).
+  // > 0: out, dq, dk, dv rows (seqlen stride) padded by this many elements past h * d, so that a row is not
+  // 16-byte aligned and the kernels must take their per-thread loads and stores (the gradients' pads must stay
+  // untouched).
   int64_t grad_row_pad = 0;
   std::string name() const {
     return spec().name() + (caller_workspace ? "" : " own-workspace") +
@@ -57,9 +58,9 @@ BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true, int 
   fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
   HostTensor &q = in.q, &k = in.k, &v = in.v, &dout = in.dout;
   const size_t k_elems = size_t(in.kv_storage_elems);
-  auto out = HostTensor::make(c.dtype, qshape, c.layout);
   auto lse = HostTensor::make_lse({c.batch, c.heads_q, c.seqlen_q});
-  // A gradient: in the case's layout, or [b, s, h, d] in rows of h * d + grad_row_pad elements (pads poisoned).
+  // A gradient (and out): in the case's layout, or [b, s, h, d] in rows of h * d + grad_row_pad elements (pads
+  // poisoned).
   const auto make_grad = [&c](const std::array<int64_t, 4>& shape) {
     if (c.grad_row_pad == 0) return HostTensor::make(c.dtype, shape, c.layout);
     const int64_t row = shape[2] * shape[3] + c.grad_row_pad;
@@ -69,13 +70,13 @@ BwdResult run_backward_on_gpu(const BwdCase& c, bool with_reference = true, int 
     t.desc().stride = {shape[1] * row, row, shape[3], 1};
     return t;
   };
-  auto dq = make_grad(qshape), dk = make_grad(kshape), dv = make_grad(kshape);
+  auto out = make_grad(qshape), dq = make_grad(qshape), dk = make_grad(kshape), dv = make_grad(kshape);
   for (auto* t : {&out, &lse, &dq, &dk, &dv}) t->poison();
   const auto storage_elems = [](const HostTensor& t) { return t.storage().size() / fa4::element_size(t.desc().dtype); };
   const std::vector<std::byte> dq_before = dq.storage(), dk_before = dk.storage(), dv_before = dv.storage();
 
   DeviceCopy d_q(q, size_t(q.numel())), d_k(k, k_elems), d_v(v, k_elems), d_dout(dout, size_t(dout.numel())),
-      d_out(out, size_t(out.numel())), d_lse(lse, size_t(lse.numel())), d_dq(dq, storage_elems(dq)),
+      d_out(out, storage_elems(out)), d_lse(lse, size_t(lse.numel())), d_dq(dq, storage_elems(dq)),
       d_dk(dk, storage_elems(dk)), d_dv(dv, storage_elems(dv));
   EXPECT_TRUE(d_q.ok() && d_k.ok() && d_v.ok() && d_dout.ok() && d_out.ok() && d_lse.ok() && d_dq.ok() &&
               d_dk.ok() && d_dv.ok());
@@ -231,8 +232,10 @@ TEST(GpuBackwardSm90, LayoutsThroughStrides) {
 }
 
 // The dK/dV epilogue's two store paths: TMA through the K/V tiles when the gradients are TMA-addressable, else
-// per-thread stores. Rows padded to a stride that is not a multiple of 16 bytes take the second; both are right,
-// give the same dK/dV bits (same math, different store; dQ's order of adds may differ) and leave the pads alone.
+// per-thread stores; likewise the preprocess's 16-byte loads of out (else column pairs, same order of sums) and the
+// postprocess's 16-byte dQ stores. Rows padded to a stride that is not a multiple of 16 bytes take the second
+// paths; both are right, give the same dK/dV bits (same math, different loads and stores; dQ's order of adds may
+// differ) and leave the pads alone.
 TEST(GpuBackwardSm90, PaddedGradientsTakeTheDirectStoresWithTheSameBits) {
   REQUIRE_SM90();
   for (int d : {64, 128, 256}) {

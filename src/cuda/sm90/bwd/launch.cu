@@ -27,6 +27,8 @@ StridedRows strided_rows(const Tensor& t) {
   r.stride_h = t.stride[kHeads];
   r.pairs_aligned = reinterpret_cast<uintptr_t>(t.data) % 4 == 0 && r.stride_b % 2 == 0 && r.stride_s % 2 == 0 &&
                     r.stride_h % 2 == 0;
+  r.chunks_aligned = reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && r.stride_b % 8 == 0 && r.stride_s % 8 == 0 &&
+                     r.stride_h % 8 == 0;
   return r;
 }
 

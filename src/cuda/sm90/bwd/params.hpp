@@ -17,6 +17,7 @@ struct StridedRows {
   void* data = nullptr;
   int64_t stride_b = 0, stride_s = 0, stride_h = 0;
   bool pairs_aligned = true;  // base and strides even: a column pair is one aligned 32-bit access
+  bool chunks_aligned = true; // base 16-byte aligned, strides multiples of 8: 8 columns are one 16-byte access
 };
 
 // The workspace, as bwd/config.hpp lays it out.

@@ -4,7 +4,8 @@
 //                the main kernel's P is 0 there), the pair's dQ accumulator rows and dQ turn counters zeroed;
 //                one launch.
 //   postprocess: dQ = accumulator · scale, rounded to q's dtype, stored at dq's strides (rows < seqlen_q).
-// O, dO and dQ are read/written element-pairwise at any strides (head_dim contiguous).
+// O, dO and dQ are read/written in 16-byte chunks where base and strides allow, else element-pairwise, at any
+// strides (head_dim contiguous).
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -50,6 +51,81 @@ __device__ __forceinline__ float2 load_pair(const StridedRows& t, int64_t b, int
 }
 
 template <bool Bf16>
+__device__ __forceinline__ float to_float(uint32_t bits16) {
+  if constexpr (Bf16) return num::bf16_bits_to_float(uint16_t(bits16));
+  else return num::f16_bits_to_float(uint16_t(bits16));
+}
+
+// Accumulates the products of 8 columns (one 16-byte chunk of each tensor) into sum, in column order.
+template <bool Bf16>
+__device__ __forceinline__ float dot_chunk(uint4 o, uint4 g, float sum) {
+  const uint32_t ow[4] = {o.x, o.y, o.z, o.w}, gw[4] = {g.x, g.y, g.z, g.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    sum = fmaf(to_float<Bf16>(ow[j] & 0xffffu), to_float<Bf16>(gw[j] & 0xffffu), sum);
+    sum = fmaf(to_float<Bf16>(ow[j] >> 16), to_float<Bf16>(gw[j] >> 16), sum);
+  }
+  return sum;
+}
+
+__device__ __forceinline__ uint4 load_chunk(const StridedRows& t, int64_t b, int64_t s, int64_t h, int col) {
+  return *reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(t.data) + b * t.stride_b + s * t.stride_s +
+                                         h * t.stride_h + col);
+}
+
+// D = rowsum(dO ∘ O): eight lanes per row, lane l summing the 8-column chunks l, l + 8, .. (16-byte loads when
+// both tensors allow them, else column pairs), then a fixed shuffle tree, so D is the same on every run.
+constexpr int kLanesPerRow = 8, kRowsPerPass = kPreThreads / kLanesPerRow, kPasses = kRowsPerCta / kRowsPerPass;
+constexpr int kMaxChunksPerLane = 256 / (8 * kLanesPerRow);  // head_dim <= 256
+static_assert(kRowsPerCta % kRowsPerPass == 0 && 32 % kLanesPerRow == 0, "whole rows per pass, rows within a warp");
+
+template <bool Bf16>
+__device__ __forceinline__ void row_sums(const BwdPrePostParams& p, const RowChunk& c, float (&sum)[kPasses]) {
+  const int lane = threadIdx.x % kLanesPerRow;
+  int64_t row[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    row[pass] = c.chunk * kRowsPerCta + pass * kRowsPerPass + threadIdx.x / kLanesPerRow;
+    sum[pass] = 0.0f;
+  }
+  if (p.out.chunks_aligned && p.dout.chunks_aligned) {
+    uint4 o[kPasses][kMaxChunksPerLane], g[kPasses][kMaxChunksPerLane];  // every load in flight before the sums
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass)
+#pragma unroll
+      for (int k = 0; k < kMaxChunksPerLane; ++k) {
+        const int col = 8 * (k * kLanesPerRow + lane);
+        if (row[pass] < p.seqlen_q && col < p.head_dim) {
+          o[pass][k] = load_chunk(p.out, c.batch, row[pass], c.head, col);
+          g[pass][k] = load_chunk(p.dout, c.batch, row[pass], c.head, col);
+        }
+      }
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass)
+#pragma unroll
+      for (int k = 0; k < kMaxChunksPerLane; ++k)
+        if (row[pass] < p.seqlen_q && 8 * (k * kLanesPerRow + lane) < p.head_dim)
+          sum[pass] = dot_chunk<Bf16>(o[pass][k], g[pass][k], sum[pass]);
+  } else {
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass)
+      if (row[pass] < p.seqlen_q)
+        for (int col0 = 8 * lane; col0 < p.head_dim; col0 += 8 * kLanesPerRow)
+#pragma unroll
+          for (int col = col0; col < col0 + 8; col += 2) {
+            const float2 o = load_pair<Bf16>(p.out, c.batch, row[pass], c.head, col);
+            const float2 g = load_pair<Bf16>(p.dout, c.batch, row[pass], c.head, col);
+            sum[pass] = fmaf(o.y, g.y, fmaf(o.x, g.x, sum[pass]));
+          }
+  }
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass)
+#pragma unroll
+    for (int offset = 1; offset < kLanesPerRow; offset *= 2)
+      sum[pass] += __shfl_xor_sync(0xffffffffu, sum[pass], offset);
+}
+
+template <bool Bf16>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostParams p) {
   const RowChunk c = row_chunk(p);
   float4* accum = reinterpret_cast<float4*>(p.ws.dq_accum + (c.pair * c.chunks + c.chunk) * (p.head_dim / kDqUnitCols) *
@@ -60,59 +136,85 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostPa
   if (rows % p.block_m == 0 && threadIdx.x < p.turns_per_tile)
     p.ws.dq_turn[(c.pair * (p.ws.rows_padded / p.block_m) + rows / p.block_m) * p.turns_per_tile + threadIdx.x] = 0;
 
-  // Four threads per row, each summing every fourth column pair.
-  const int part = threadIdx.x % 4;
-  const int64_t row = c.chunk * kRowsPerCta + threadIdx.x / 4;
-  float sum = 0.0f;
-  if (row < p.seqlen_q)
-    for (int col = 2 * part; col < p.head_dim; col += 8) {
-      const float2 o = load_pair<Bf16>(p.out, c.batch, row, c.head, col);
-      const float2 g = load_pair<Bf16>(p.dout, c.batch, row, c.head, col);
-      sum = fmaf(o.x, g.x, fmaf(o.y, g.y, sum));
+  float sum[kPasses];
+  row_sums<Bf16>(p, c, sum);
+  if (threadIdx.x % kLanesPerRow != 0) return;
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int64_t row = c.chunk * kRowsPerCta + pass * kRowsPerPass + threadIdx.x / kLanesPerRow;
+    const int64_t index = c.pair * p.ws.rows_padded + row;
+    float lse2 = INFINITY;  // padding rows and fully masked rows: P = exp2(x - inf) = 0
+    if (row < p.seqlen_q) {
+      const float lse = p.lse[c.batch * p.lse_stride_b + c.head * p.lse_stride_h + row * p.lse_stride_s];
+      if (lse != -INFINITY) lse2 = lse * num::kLog2e;
     }
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  if (part != 0) return;
-  const int64_t index = c.pair * p.ws.rows_padded + row;
-  float lse2 = INFINITY;  // padding rows and fully masked rows: P = exp2(x - inf) = 0
-  if (row < p.seqlen_q) {
-    const float lse = p.lse[c.batch * p.lse_stride_b + c.head * p.lse_stride_h + row * p.lse_stride_s];
-    if (lse != -INFINITY) lse2 = lse * num::kLog2e;
+    p.ws.lse_log2[index] = lse2;
+    p.ws.dsum[index] = row < p.seqlen_q ? sum[pass] : 0.0f;
   }
-  p.ws.lse_log2[index] = lse2;
-  p.ws.dsum[index] = row < p.seqlen_q ? sum : 0.0f;
+}
+
+// dQ = accumulator · scale in q's dtype. The accumulator units are in wgmma accumulator order (a thread's float4
+// is rows r and r + 8, two columns each); when dq takes 16-byte stores the 64 rows are first rounded into shared
+// memory (a row pitch of head_dim + 8 elements: a warp's 32-bit writes hit 32 banks) and then written as whole
+// 16-byte chunks, consecutive threads along a row; else each thread stores its column pairs.
+constexpr int kPostPitchMax = 256 + 8;
+
+template <bool Bf16>
+__device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
+  const uint16_t lo_bits = Bf16 ? num::float_to_bf16_bits(lo) : num::float_to_f16_bits(lo);
+  const uint16_t hi_bits = Bf16 ? num::float_to_bf16_bits(hi) : num::float_to_f16_bits(hi);
+  return uint32_t(lo_bits) | (uint32_t(hi_bits) << 16);
 }
 
 template <bool Bf16>
 __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePostParams p) {
+  __shared__ alignas(16) uint16_t rounded[kRowsPerCta * kPostPitchMax];
   const RowChunk c = row_chunk(p);
   const int thread = threadIdx.x;
   const int units = p.head_dim / kDqUnitCols;
+  const int pitch = p.head_dim + 8;
+  const bool through_smem = p.dq.chunks_aligned;
   const float4* accum =
       reinterpret_cast<const float4*>(p.ws.dq_accum + (c.pair * c.chunks + c.chunk) * units * int64_t(kDqUnitFloats));
   for (int unit = 0; unit < units; ++unit)
+#pragma unroll
     for (int g = 0; g < kDqUnitCols / 8; ++g) {
       const float4 v = accum[(unit * (kDqUnitCols / 8) + g) * kWarpgroupThreads + thread];
       // Registers 4g .. 4g + 3 of the unit's accumulator: (row r, cols c, c + 1), then (row r + 8, same cols).
       const float values[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int reg = 4 * g + 2 * half;
-        const int64_t row = c.chunk * kRowsPerCta + ptx::accumulator_row(thread, reg);
-        if (row >= p.seqlen_q) continue;
+        const int tile_row = ptx::accumulator_row(thread, reg);
         const int col = unit * kDqUnitCols + ptx::accumulator_col(thread, reg);
-        const float lo = values[2 * half] * p.scale, hi = values[2 * half + 1] * p.scale;
-        const uint16_t lo_bits = Bf16 ? num::float_to_bf16_bits(lo) : num::float_to_f16_bits(lo);
-        const uint16_t hi_bits = Bf16 ? num::float_to_bf16_bits(hi) : num::float_to_f16_bits(hi);
+        const uint32_t bits = round_pair<Bf16>(values[2 * half] * p.scale, values[2 * half + 1] * p.scale);
+        if (through_smem) {
+          *reinterpret_cast<uint32_t*>(&rounded[tile_row * pitch + col]) = bits;
+          continue;
+        }
+        const int64_t row = c.chunk * kRowsPerCta + tile_row;
+        if (row >= p.seqlen_q) continue;
         uint16_t* dst = static_cast<uint16_t*>(p.dq.data) + c.batch * p.dq.stride_b + row * p.dq.stride_s +
                         c.head * p.dq.stride_h + col;
         if (p.dq.pairs_aligned) {
-          *reinterpret_cast<uint32_t*>(dst) = uint32_t(lo_bits) | (uint32_t(hi_bits) << 16);
+          *reinterpret_cast<uint32_t*>(dst) = bits;
         } else {
-          dst[0] = lo_bits;
-          dst[1] = hi_bits;
+          dst[0] = uint16_t(bits & 0xffffu);
+          dst[1] = uint16_t(bits >> 16);
         }
       }
     }
+  if (!through_smem) return;
+  __syncthreads();
+  const int chunks_per_row = p.head_dim / 8;
+  for (int i = thread; i < kRowsPerCta * chunks_per_row; i += kPostThreads) {
+    const int tile_row = i / chunks_per_row, col = 8 * (i % chunks_per_row);
+    const int64_t row = c.chunk * kRowsPerCta + tile_row;
+    if (row >= p.seqlen_q) continue;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq.data) + c.batch * p.dq.stride_b + row * p.dq.stride_s +
+                              c.head * p.dq.stride_h + col) =
+        *reinterpret_cast<const uint4*>(&rounded[tile_row * pitch + col]);
+  }
 }
 
 uint32_t row_chunk_grid(const BwdPrePostParams& p, int64_t batch) {
