@@ -37,6 +37,12 @@ __device__ __forceinline__ RowChunk row_chunk(const BwdPrePostParams& p) {
 }
 
 template <bool Bf16>
+__device__ __forceinline__ float to_float(uint32_t bits16) {
+  if constexpr (Bf16) return num::bf16_bits_to_float(uint16_t(bits16));
+  else return num::f16_bits_to_float(uint16_t(bits16));
+}
+
+template <bool Bf16>
 __device__ __forceinline__ float2 load_pair(const StridedRows& t, int64_t b, int64_t s, int64_t h, int col) {
   const uint16_t* src = static_cast<const uint16_t*>(t.data) + b * t.stride_b + s * t.stride_s + h * t.stride_h + col;
   uint16_t lo, hi;
@@ -46,14 +52,7 @@ __device__ __forceinline__ float2 load_pair(const StridedRows& t, int64_t b, int
   } else {
     lo = src[0], hi = src[1];
   }
-  if constexpr (Bf16) return make_float2(num::bf16_bits_to_float(lo), num::bf16_bits_to_float(hi));
-  else return make_float2(num::f16_bits_to_float(lo), num::f16_bits_to_float(hi));
-}
-
-template <bool Bf16>
-__device__ __forceinline__ float to_float(uint32_t bits16) {
-  if constexpr (Bf16) return num::bf16_bits_to_float(uint16_t(bits16));
-  else return num::f16_bits_to_float(uint16_t(bits16));
+  return make_float2(to_float<Bf16>(lo), to_float<Bf16>(hi));
 }
 
 // Accumulates the products of 8 columns (one 16-byte chunk of each tensor) into sum, in column order.
@@ -79,13 +78,18 @@ constexpr int kLanesPerRow = 8, kRowsPerPass = kPreThreads / kLanesPerRow, kPass
 constexpr int kMaxChunksPerLane = 256 / (8 * kLanesPerRow);  // head_dim <= 256
 static_assert(kRowsPerCta % kRowsPerPass == 0 && 32 % kLanesPerRow == 0, "whole rows per pass, rows within a warp");
 
+// The row this thread's lane group sums in pass `pass`.
+__device__ __forceinline__ int64_t pass_row(const RowChunk& c, int pass) {
+  return c.chunk * kRowsPerCta + pass * kRowsPerPass + threadIdx.x / kLanesPerRow;
+}
+
 template <bool Bf16>
 __device__ __forceinline__ void row_sums(const BwdPrePostParams& p, const RowChunk& c, float (&sum)[kPasses]) {
   const int lane = threadIdx.x % kLanesPerRow;
   int64_t row[kPasses];
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
-    row[pass] = c.chunk * kRowsPerCta + pass * kRowsPerPass + threadIdx.x / kLanesPerRow;
+    row[pass] = pass_row(c, pass);
     sum[pass] = 0.0f;
   }
   if (p.out.chunks_aligned && p.dout.chunks_aligned) {
@@ -141,7 +145,7 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostPa
   if (threadIdx.x % kLanesPerRow != 0) return;
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
-    const int64_t row = c.chunk * kRowsPerCta + pass * kRowsPerPass + threadIdx.x / kLanesPerRow;
+    const int64_t row = pass_row(c, pass);
     const int64_t index = c.pair * p.ws.rows_padded + row;
     float lse2 = INFINITY;  // padding rows and fully masked rows: P = exp2(x - inf) = 0
     if (row < p.seqlen_q) {
