@@ -95,9 +95,9 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       issue_pv<In, HeadDim, BlockM>(dv, p_frag, dout_tile);  // dV += Pᵀ·dO
       FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, m_block);
       uint8_t* ds_tile = smem.ds[ds_buffer];
-      store_tile16<In, BlockM, BlockN>(ds_tile, dp, consumer * kWgmmaM, 0);
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) ds_frag[kb] = ptx::fragment_a_from_accumulator<In>(dp, kb);
+      store_fragments16<BlockN>(ds_tile, ds_frag, consumer * kWgmmaM, 0);  // dSᵀ, packed once for both uses
       ptx::fence_proxy_async_shared_cta();  // the dSᵀ stores, before the dQ wgmmas (async proxy) read them
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::barrier);
       ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::ds_ready),

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/stmatrix.cuh"
 #include "cuda/ptx/swizzle.hpp"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/bwd/params.hpp"
@@ -85,20 +86,32 @@ __device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, ptx::Wgmma
   }
 }
 
-// Writes a 64 × N accumulator (16-bit, as the wgmma A fragments round it) into a [cols/64 chunks][TileRows][128 B]
-// 128B-swizzled tile at rows row0.., columns col0..: the backward's Pᵀ and dSᵀ (keys are rows, queries the
-// columns). A warp's 32-bit stores hit 32 distinct banks (8 rows × 4 pairs; the swizzle spreads the rows over
-// the 16-byte chunks).
+// Writes 64 × 16 slices (16-bit A fragments, i.e. the accumulator as wgmma's A operand rounds it) into a
+// [cols/64 chunks][TileRows][128 B] 128B-swizzled tile at rows row0.., columns col0..: the backward's Pᵀ and dSᵀ
+// (keys are rows, queries the columns). One stmatrix.x4 per warp and slice: each lane addresses one 16-byte row
+// segment, and the swizzle puts a matrix's 8 rows in 8 distinct 16-byte bank groups.
+template <int TileRows, int K>
+__device__ __forceinline__ void store_fragments16(uint8_t* tile, const ptx::WgmmaFragmentA (&frags)[K], int row0,
+                                                  int col0) {
+  const int thread = threadIdx.x % kWarpgroupThreads, lane = thread % 32;
+  const uint32_t row = uint32_t(row0 + 16 * (thread / 32) + ptx::stmatrix_x4_row(lane));
+  const uint32_t base = smem_address(tile);
+#pragma unroll
+  for (int kb = 0; kb < K; ++kb) {
+    const uint32_t col = uint32_t(col0 + 16 * kb + ptx::stmatrix_x4_col(lane));
+    ptx::stmatrix_x4(base + (col / 64) * uint32_t(TileRows) * ptx::kSw128RowBytes + ptx::sw128_offset(row, col % 64, 2),
+                     frags[kb].reg[0], frags[kb].reg[1], frags[kb].reg[2], frags[kb].reg[3]);
+  }
+}
+
+// The same from a 64 × N accumulator (rounded here).
 template <ptx::WgmmaInput In, int N, int TileRows>
 __device__ __forceinline__ void store_tile16(uint8_t* tile, const ptx::WgmmaAccumulator<N>& acc, int row0, int col0) {
-  const int thread = threadIdx.x % kWarpgroupThreads;
+  static_assert(N % 16 == 0, "whole 16-column slices");
+  ptx::WgmmaFragmentA frags[N / 16];
 #pragma unroll
-  for (int i = 0; i < N / 2; i += 2) {
-    const uint32_t row = uint32_t(row0 + ptx::accumulator_row(thread, i));
-    const uint32_t col = uint32_t(col0 + ptx::accumulator_col(thread, i));
-    *reinterpret_cast<uint32_t*>(tile + (col / 64) * uint32_t(TileRows) * ptx::kSw128RowBytes +
-                                 ptx::sw128_offset(row, col % 64, 2)) = ptx::pack_rn<In>(acc.reg[i], acc.reg[i + 1]);
-  }
+  for (int kb = 0; kb < N / 16; ++kb) frags[kb] = ptx::fragment_a_from_accumulator<In>(acc, kb);
+  store_fragments16<TileRows>(tile, frags, row0, col0);
 }
 
 }  // namespace fa4::sm90
