@@ -274,8 +274,8 @@ def test_backward_takes_any_dout_layout(layout):
                 "misaligned_view": lambda: randn(q.numel() + 1)[1:].view(q.shape),
                 "bhsd": lambda: randn(b, h, s, d).transpose(1, 2)}[layout]()
         q_, k_, v_ = (t.detach() for t in (q, k, v))
-        out, lse = torch.ops.fa4.forward(q_, k_, v_, None, True, -1, -1, 0.0, False)
-        grads = torch.ops.fa4.backward(dout, q_, k_, v_, out, lse, None, True, -1, -1, 0.0, False)
+        out, lse = torch.ops.fa4.forward(q_, k_, v_, None, None, True, -1, -1, 0.0, False)
+        grads = torch.ops.fa4.backward(dout, q_, k_, v_, out, lse, None, None, True, -1, -1, 0.0, False)
     assert_gradients_match_reference([grads], q, k, v, dout, "bfloat16", dict(causal=True))
 
 
@@ -297,7 +297,7 @@ def test_backward_refusal_reaches_the_caller_through_autograd():
 def test_backward_opcheck_on_cuda():
     require_kernels(torch.bfloat16, backward=True)
     q, k, v = cuda_tensors(2, 64, 96, 4, 2, 128, seed=case_seed("backward opcheck"))
-    options = (None, True, -1, -1, 0.0, False)
+    options = (None, None, True, -1, -1, 0.0, False)  # learnable_sink, softmax_scale, causal, window, softcap, det
     out, lse = torch.ops.fa4.forward(q, k, v, *options)
     dout = cuda_randn_like(out, 5)
     torch.library.opcheck(torch.ops.fa4.backward.default, (dout, q, k, v, out, lse, *options))
@@ -397,7 +397,7 @@ def test_forward_opcheck_on_cuda():
     require_kernels(torch.bfloat16)
     q, k, v = cuda_tensors(2, 64, 96, 4, 2, 128)
     for causal in (False, True):
-        torch.library.opcheck(torch.ops.fa4.forward.default, (q, k, v, None, causal, -1, -1, 0.0, False))
+        torch.library.opcheck(torch.ops.fa4.forward.default, (q, k, v, None, None, causal, -1, -1, 0.0, False))
 
 
 def test_forward_torch_compile_fullgraph_on_cuda():
