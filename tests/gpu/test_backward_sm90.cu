@@ -372,6 +372,23 @@ TEST(GpuBackwardSm90, DeterministicIsBitwiseReproducible) {
     }
 }
 
+// Deterministic mode on a small shape, for the sanitizers (racecheck, synccheck: the turns and the two dQ writers):
+// several key blocks per query tile, an odd number of query tiles (the writers take them in turn), GQA; right,
+// and three more runs bitwise equal to the first.
+TEST(GpuBackwardSm90, DeterministicSmall) {
+  REQUIRE_SM90();
+  for (int d : {64, 128, 256}) {
+    BwdCase c;
+    c.head_dim = d;
+    c.batch = 1, c.seqlen_q = 200, c.seqlen_k = 520, c.heads_q = 2, c.heads_kv = 1;
+    c.options.deterministic = true;
+    c.seed = 7300 + uint64_t(d);
+    check_backward_case(c);
+    const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+    EXPECT_EQ(r.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+  }
+}
+
 // What the backward cannot take is refused with a message naming the argument, before anything is written.
 TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   REQUIRE_SM90();

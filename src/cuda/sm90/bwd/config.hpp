@@ -98,12 +98,17 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(int row, int64_t batch, int64_
 
 // Named barriers of the main kernel (0 is __syncthreads).
 inline constexpr int kBwdMaxConsumerWarpgroups = 2;
+// Deterministic mode's dQ writer warps (key-split rows): writer w takes the query tiles t of the CTA's walk with
+// t % 2 == w, so one writer's wait for its adds to be performed (before it passes the turns on) overlaps the
+// other's turn wait and adds. The default mode has one writer, which never waits for its adds (perf-log B12).
+inline constexpr int kBwdMaxDqWriters = 2;
 enum class BwdBarrier : uint32_t {
   ds_ready = 1,         // every consumer warpgroup has written its dSᵀ rows (before dQ = dS·K)
   first_warpgroup = 2,  // consumer c's own 128 threads: first_warpgroup + c
-  first_dq_full = first_warpgroup + kBwdMaxConsumerWarpgroups,  // consumer c's dQ slab is staged (+ the writer)
+  // consumer c's dQ slab is staged for dQ writer w (+ that writer): first_dq_full + c + kBwdMaxConsumerWarpgroups·w
   // (the hand-back is an mbarrier: DqStaging::dq_empty)
-  dq_adders = first_dq_full + kBwdMaxConsumerWarpgroups,  // the CTA pair's three dQ adder warps (dq_exchange.cuh)
+  first_dq_full = first_warpgroup + kBwdMaxConsumerWarpgroups,
+  dq_adders = first_dq_full + kBwdMaxDqWriters * kBwdMaxConsumerWarpgroups,  // the CTA pair's three dQ adder warps
   end,
 };
 static_assert(static_cast<uint32_t>(BwdBarrier::end) <= 16, "a CTA has 16 named barriers");

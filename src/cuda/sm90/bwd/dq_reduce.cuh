@@ -55,10 +55,18 @@ __device__ __forceinline__ float* dq_accum_unit(const BwdParams& p, int64_t pair
              int64_t(kDqUnitFloats);
 }
 
+// The named barrier on which warpgroup `consumer` hands its staged slab to dQ writer `writer`.
+__device__ __forceinline__ uint32_t dq_full_barrier(int consumer, int writer) {
+  return static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(consumer + kBwdMaxConsumerWarpgroups * writer);
+}
+
+// The dQ writer warps of a launch (key-split rows): the tiles of the walk go to them in turn.
+__device__ __forceinline__ int dq_writers(const BwdParams& p) { return p.deterministic ? kBwdMaxDqWriters : 1; }
+
 // Consumer side of a key-split warpgroup's dQ: its fp32 slab of the tile goes to its staging buffer in the
 // accumulator order (float4 per register group and thread: contiguous, conflict-free), and the dQ writer warp
 // (dq_writer.cuh) adds it to the workspace. dq_full (a named barrier of the warpgroup's 128 threads and the
-// writer's 32) hands the buffer over, dq_empty (an mbarrier of the writer's 32 lanes, each arriving after its
+// writer's 32; one per writer, the slabs going to the writers in turn) hands the buffer over, dq_empty (an mbarrier of the writer's 32 lanes, each arriving after its
 // own reads: the CTA pair's writer reads the buffer with ordinary loads) hands it back, so the warpgroup waits
 // only when the writer still holds the previous slab: in deterministic mode the wait for a turn overlaps a
 // whole tile of compute.
@@ -70,9 +78,10 @@ class DqStager {
   __device__ DqStager(BwdSharedStorage<Row>& smem, int consumer)
       : staging_(smem.scratch.dq_staging[consumer]),
         empty_(&smem.scratch.dq_empty[consumer]),
-        full_(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(consumer)) {}
+        full_(dq_full_barrier(consumer, 0)) {}
 
-  __device__ void stage(const ptx::WgmmaAccumulator<Config::kDqN>& dq) {
+  // p: with two writers (deterministic mode) the slabs go to them in turn.
+  __device__ void stage(const BwdParams& p, const ptx::WgmmaAccumulator<Config::kDqN>& dq) {
     const int thread = threadIdx.x % kWarpgroupThreads;
     wait_for_buffer();  // the writer has read the previous slab
     first_ = false;
@@ -82,6 +91,11 @@ class DqStager {
           make_float4(dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
     ptx::fence_proxy_async_shared_cta();  // the writes, before the writer's bulk reduce (async proxy) reads them
     ptx::named_barrier_arrive(full_, kHandoffThreads);
+    // The other writer's barrier, one bit away (the flag is a kernel parameter: no register held for it).
+    static_assert(kBwdMaxDqWriters == 2 && (kBwdMaxConsumerWarpgroups & (kBwdMaxConsumerWarpgroups - 1)) == 0 &&
+                      static_cast<uint32_t>(BwdBarrier::first_dq_full) % (2 * kBwdMaxConsumerWarpgroups) == 0,
+                  "dq_full_barrier(c, 1) == dq_full_barrier(c, 0) ^ kBwdMaxConsumerWarpgroups");
+    if (dq_writers(p) == 2) full_ ^= uint32_t(kBwdMaxConsumerWarpgroups);
   }
 
   // After the walk: takes the writer's last hand-back, so every arrival on dq_empty has its wait.
@@ -95,8 +109,8 @@ class DqStager {
   }
 
   float* staging_;
-  uint64_t* empty_;
-  uint32_t full_;
+  uint64_t* empty_;  // one barrier for every writer: a slab is handed back before the next is staged
+  uint32_t full_;  // the dq_full barrier of the writer that takes the next slab
   cuda::PipelineState<1> empty_phase_ = cuda::consumer_start_state<1>();  // one hand-back per staged slab
   bool first_ = true;
 };

@@ -1,9 +1,12 @@
-// Backward dQ writer role (key-split rows): warp 1 of the producer warpgroup. For every query tile of the CTA's
-// walk (the consumers' order) and every consumer warpgroup: waits until the warpgroup's slab is staged
-// (dq_full), adds it to the workspace's fp32 dQ accumulator with one bulk reduce-add (cp.reduce.async.bulk
-// .add.f32, one elected lane), waits until the reduce has read the staging buffer and hands it back
-// (dq_empty, an mbarrier every writer lane arrives on). Deterministic mode: before each add, waits for the slab's turn; after every warpgroup's add of the
-// tile, waits until they are performed and passes the turns on. The consumers never wait for a turn, only for
+// Backward dQ writer role (key-split rows): warp 1 of the producer warpgroup, and in deterministic mode warp 2 as
+// well (writer w takes the walk's tiles t with t % 2 == w). For each of its query tiles (the consumers' order) and
+// every consumer warpgroup: waits until the warpgroup's slab is staged (dq_full of that writer), adds it to the
+// workspace's fp32 dQ accumulator with one bulk reduce-add (cp.reduce.async.bulk .add.f32, one elected lane),
+// waits until the reduce has read the staging buffer and hands it back (dq_empty, an mbarrier every lane of the
+// writer arrives on). Deterministic mode: before each add, waits for the slab's turn; after every warpgroup's add
+// of the tile, waits until they are performed and passes the turns on. With one writer that wait (an L2 round
+// trip of the reduce, ~1.5 µs) and the next tile's turn wait were serial, and the consumers waited for their
+// buffer 46% of the time (perf-log B12); two writers overlap them. The consumers never wait for a turn, only for
 // their buffer.
 #pragma once
 
@@ -29,13 +32,13 @@ namespace fa4::sm90 {
 
 template <int Row>
 __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdSharedStorage<Row>& smem,
-                                                   const BwdWork& work) {
+                                                   const BwdWork& work, int writer) {
   using Config = BwdConfig<Row>;
   static_assert(!Config::kColumnSplit, "column-split rows add dQ from registers");
   constexpr uint32_t kHandoffThreads = DqStager<Row>::kHandoffThreads;
   if (work.empty()) return;
   const bool leader = ptx::elect_one_sync();
-  trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceDqWriter, leader);
+  trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceDqWriter, leader && writer == 0);  // writer 0's events only
   // The accumulator unit of warpgroup c's slab of query tile m_block.
   auto slab_of = [&](int64_t pair, int32_t m_block, int c) {
     const int first_unit = c * Config::kDqUnitsPerWarpgroup;
@@ -45,7 +48,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   };
   auto take_slab = [&](int c) {  // waits until warpgroup c's slab is staged
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
-    ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(c), kHandoffThreads);
+    ptx::named_barrier_sync(dq_full_barrier(c, writer), kHandoffThreads);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
   };
   auto hand_back = [&](int c) { dq_hand_back(smem, c); };
@@ -54,9 +57,14 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   const bool exchange_dq = p.cluster_pair && p.pair_dq_exchange;
   const DqPairExchange<Row> pair_exchange(smem, exchange_dq ? ptx::cluster_ctarank() : 0u, 0, leader);
   auto exchange = cuda::consumer_start_state<1>();  // one phase of each exchange barrier per query tile
+  const int writers = dq_writers(p);
+  int turn_of_writer = 0;  // which writer takes the walk's current tile (the consumers stage in the same turn)
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+      const bool mine = turn_of_writer == writer;
+      turn_of_writer = turn_of_writer + 1 == writers ? 0 : turn_of_writer + 1;
+      if (!mine) continue;
       if (exchange_dq) {
         pair_exchange.tile(exchange, take_slab, [&](int c) { return slab_of(pair, m_block, c); }, rec, m_block);
         ++exchange;

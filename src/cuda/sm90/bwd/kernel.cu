@@ -26,7 +26,9 @@ namespace {
 // warps 2 and 3 help with the CTA pair's dQ exchange or idle; it gives registers back); warpgroups 1 .. block_n/64 each own 64 keys (column-split
 // rows: warpgroups 1 and 2 share them).
 enum class BwdRole { load, mma_epilogue };
-constexpr int kLoadWarp = 0, kDqWriterWarp = 1;  // warps of the producer warpgroup (the other two exit)
+// Warps of the producer warpgroup: the load warp, the dQ writers (kDqWriterWarp + w), the pair's adders.
+constexpr int kLoadWarp = 0, kDqWriterWarp = 1;
+static_assert(kDqWriterWarp + kBwdMaxDqWriters <= 4, "the dQ writers are warps of the producer warpgroup");
 __device__ __forceinline__ BwdRole bwd_role_of(int warpgroup) {
   return warpgroup == 0 ? BwdRole::load : BwdRole::mma_epilogue;
 }
@@ -62,7 +64,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     const int warp = threadIdx.x / 32;
     if (warp == kLoadWarp) bwd_load_role<Row>(p, smem, work);
     if constexpr (!Config::kColumnSplit) {
-      if (warp == kDqWriterWarp) bwd_dq_writer_role<Row>(p, smem, work);
+      if (warp >= kDqWriterWarp && warp < kDqWriterWarp + dq_writers(p))
+        bwd_dq_writer_role<Row>(p, smem, work, warp - kDqWriterWarp);
       if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, work, warp - kDqWriterWarp);
     }
     if (paired) ptx::cluster_sync();  // see below

@@ -114,7 +114,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
-      dq_stager.stage(dq);
+      dq_stager.stage(p, dq);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
       ptx::wgmma_wait_group<0>();
       FA4_TRACE_RECORD(rec, trace::Kind::pv_done, m_block);
