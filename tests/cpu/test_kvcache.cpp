@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cmath>
 #include <functional>
 #include <numeric>
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "fa4/fa4.h"
 #include "numerics/split_merge.hpp"
 #include "testing/tolerance.hpp"
 
@@ -412,6 +414,54 @@ TEST(KvCache, BadArgumentsAreRefusedByNameAndWriteNothing) {
   expect(s.reason, "KV-cache attention runs on the CPU backend");
   EXPECT_TRUE(fa4::supports_kvcache(c.q.desc(), c.k_cache.desc(), c.v_cache.desc(), good).ok);
   EXPECT_EQ(c.k_cache.storage(), before) << "supports_kvcache must not append";
+}
+
+}  // namespace
+
+// ---- the C ABI --------------------------------------------------------------------------------------------
+
+namespace {
+
+fa4_tensor to_c(const Tensor& t) {
+  fa4_tensor r{};
+  r.data = t.data, r.dtype = int32_t(t.dtype), r.device = int32_t(t.device), r.device_index = t.device_index;
+  r.rank = t.rank;
+  for (int i = 0; i < 4; ++i) r.shape[i] = t.shape[i], r.stride[i] = t.stride[i];
+  return r;
+}
+
+TEST(KvCache, CAbiMatchesTheCppApi) {
+  CacheBatch a, b;  // the same batch twice: one through each API (each appends into its own cache)
+  for (CacheBatch* c : {&a, &b}) {
+    c->page_size = 16, c->seqlen_q = 2, c->seqlen_new = 2, c->heads = 2, c->heads_kv = 1, c->dim = 32;
+    c->dtype = DType::f32, c->cached = {5, 31};
+    c->options.causal = true, c->options.num_splits = 2;
+    c->build(41);
+  }
+  a.run();
+  fa4_options o;
+  fa4_options_init(&o);
+  EXPECT_EQ(o.num_splits, 0);
+  o.causal = 1, o.num_splits = 2;
+  const fa4_tensor q = to_c(b.q.desc()), kc = to_c(b.k_cache.desc()), vc = to_c(b.v_cache.desc()),
+                   out = to_c(b.out.desc()), lse = to_c(b.lse.desc()), kn = to_c(b.k_new.desc()),
+                   vn = to_c(b.v_new.desc());
+  fa4_kvcache kv{b.cached.data(), b.page_table.data(), b.max_pages, &kn, &vn};
+  char reason[256];
+  ASSERT_EQ(fa4_supports_kvcache(&q, &kc, &vc, &kv, &o, reason, sizeof reason), FA4_OK) << reason;
+  ASSERT_EQ(fa4_forward_kvcache(&q, &kc, &vc, &out, &lse, &kv, &o, nullptr, 0, nullptr), FA4_OK) << fa4_last_error();
+  EXPECT_EQ(b.out.values(), a.out.values());
+  EXPECT_EQ(b.lse.values(), a.lse.values());
+  EXPECT_EQ(b.k_cache.values().size(), a.k_cache.values().size());
+  EXPECT_EQ(b.k_cache.storage(), a.k_cache.storage());
+  // Errors name the argument; a struct_size from before num_splits reads it as 0 (a -1 there is not seen).
+  EXPECT_EQ(fa4_forward_kvcache(&q, &kc, &vc, &out, &lse, nullptr, &o, nullptr, 0, nullptr), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("'kvcache'"), std::string::npos) << fa4_last_error();
+  o.num_splits = -1;
+  EXPECT_EQ(fa4_supports_kvcache(&q, &kc, &vc, &kv, &o, reason, sizeof reason), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(reason).find("'options.num_splits'"), std::string::npos) << reason;
+  o.struct_size = uint32_t(offsetof(fa4_options, num_splits));
+  EXPECT_EQ(fa4_supports_kvcache(&q, &kc, &vc, &kv, &o, reason, sizeof reason), FA4_OK) << reason;
 }
 
 }  // namespace
