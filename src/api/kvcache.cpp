@@ -6,7 +6,7 @@
 // slow path a decode user does not expect.
 #include <algorithm>
 #include <cstring>
-#include <set>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,7 +25,9 @@ using detail::fail;
 
 std::string str(int64_t x) { return std::to_string(x); }
 std::string dims(int64_t a, int64_t b, int64_t c, int64_t d) {
-  return "[" + str(a) + ", " + str(b) + ", " + str(c) + ", " + str(d) + "]";
+  std::string s = "[";  // appended piece by piece: GCC 12 warns (-Wrestrict, falsely) on "[" + std::string
+  for (int64_t x : {a, b, c}) s += str(x) + ", ";
+  return s + str(d) + "]";
 }
 
 // Validated metadata: where each sequence's keys are and how many it attends to.
@@ -101,6 +103,9 @@ Cache describe(const char* call, const Tensor& q, const Tensor& kc, const Tensor
       if (t->shape[0] != c.batch || t->shape[1] != c.seqlen_new || t->shape[2] != c.heads_kv || t->shape[3] != c.head_dim)
         invalid(call, name, "shape " + want + " ([batch, seqlen_new, heads_kv, head_dim])", detail::shape_string(*t));
   }
+  if (kv.cache_seqlens == nullptr && c.seqlen_new > 0)
+    invalid(call, "kvcache.k_new", "null when cache_seqlens is null (every cache is then full: nothing fits)",
+            "a tensor of " + str(c.seqlen_new) + " keys per sequence");
   // Per sequence: how many keys are cached, that the append fits, and the pages the keys need.
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t cached = kv.cache_seqlens ? kv.cache_seqlens[b] : c.capacity;
@@ -124,16 +129,26 @@ Cache describe(const char* call, const Tensor& q, const Tensor& kc, const Tensor
                 str(page));
     }
   }
-  // Two sequences appending into the same slot would make the result depend on the order of the writes.
+  // Pages may be shared for reading (a common prefix), but a slot one sequence appends to may be neither
+  // appended to by another (the result would depend on the order of the writes) nor read by another as a
+  // cached key (the append would overwrite it under that sequence).
   if (c.paged && c.seqlen_new > 0) {
-    std::set<std::pair<int64_t, int64_t>> written;
+    std::map<std::pair<int64_t, int64_t>, int64_t> writer;  // slot -> the sequence appending to it
+    auto refuse = [&](int64_t b, int64_t j, const std::string& what) {
+      invalid(call, "kvcache.page_table[" + str(b) + "][" + str(j / c.page_size) + "]",
+              "pages whose appended rows belong to one sequence (row " + str(j % c.page_size) + " of page " +
+                  str(c.slot(b, j).first) + " " + what + ")",
+              str(c.slot(b, j).first));
+    };
     for (int64_t b = 0; b < c.batch; ++b)
       for (int64_t j = c.cached[size_t(b)]; j < c.total[size_t(b)]; ++j)
-        if (!written.insert(c.slot(b, j)).second)
-          invalid(call, "kvcache.page_table[" + str(b) + "][" + str(j / c.page_size) + "]",
-                  "a page no other sequence appends to (row " + str(j % c.page_size) + " of page " +
-                      str(c.slot(b, j).first) + " is written twice)",
-                  str(c.slot(b, j).first));
+        if (!writer.emplace(c.slot(b, j), b).second) refuse(b, j, "is appended to by two sequences");
+    for (int64_t b = 0; b < c.batch; ++b)
+      for (int64_t j = 0; j < c.cached[size_t(b)]; ++j) {
+        const auto w = writer.find(c.slot(b, j));
+        if (w != writer.end())
+          refuse(b, j, "is a cached key of sequence " + str(b) + " that sequence " + str(w->second) + " appends to");
+      }
   }
   return c;
 }

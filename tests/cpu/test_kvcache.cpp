@@ -336,7 +336,7 @@ TEST(KvCache, BadArgumentsAreRefusedByNameAndWriteNothing) {
   c.page_size = 16, c.seqlen_new = 2, c.heads = 2, c.heads_kv = 1, c.dim = 32, c.dtype = DType::f32;
   c.cached = {3, 20};
   c.build(5);
-  const std::vector<std::byte> before = c.k_cache.storage();
+  std::vector<std::byte> before = c.k_cache.storage();
   const fa4::KvCache good = c.metadata();
   auto why = [&](const fa4::KvCache& kv, const Options& o = {}) {
     return refusal([&] {
@@ -357,7 +357,19 @@ TEST(KvCache, BadArgumentsAreRefusedByNameAndWriteNothing) {
   kv = good, kv.page_table = shared.data();
   std::vector<int32_t> same_rows{3, 3};
   kv.cache_seqlens = same_rows.data();
-  expect(why(kv), "'kvcache.page_table[1][0]': expected a page no other sequence appends to");
+  expect(why(kv), "'kvcache.page_table[1][0]': expected pages whose appended rows belong to one sequence (row 3 of "
+                  "page " + std::to_string(shared[0]) + " is appended to by two sequences)");
+  std::vector<int32_t> reads_it{3, 10};  // sequence 1 reads page 0's rows 3, 4 as cached keys: sequence 0 appends there
+  kv.cache_seqlens = reads_it.data();
+  expect(why(kv), "'kvcache.page_table[1][0]': expected pages whose appended rows belong to one sequence (row 3 of "
+                  "page " + std::to_string(shared[0]) + " is a cached key of sequence 1 that sequence 0 appends to)");
+  std::vector<int32_t> prefix{16, 16};  // a full shared page read by both, each appending into its own next page
+  kv.cache_seqlens = prefix.data();
+  EXPECT_EQ(why(kv), "(accepted)");
+  EXPECT_NE(c.k_cache.storage(), before) << "an accepted call appends";
+  before = c.k_cache.storage();  // the refusals below must leave the cache as it is now
+  kv = good, kv.cache_seqlens = nullptr;
+  expect(why(kv), "'kvcache.k_new': expected null when cache_seqlens is null");
   std::vector<int32_t> too_many{3, int32_t(c.max_pages * 16 + 1)}, overflow{3, int32_t(c.max_pages * 16 - 1)},
       negative{-1, 0};
   kv = good, kv.cache_seqlens = too_many.data();
