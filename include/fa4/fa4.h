@@ -56,6 +56,8 @@ typedef struct fa4_options {
   const struct fa4_tensor* sinks;  /* attention sinks: fp32 [heads_q] logits joining each row's softmax
                                       denominator (fa4::Options::sinks); NULL: none */
   const struct fa4_tensor* dsinks; /* backward only, with sinks: their gradient, fp32 [heads_q]; NULL: not computed */
+  int32_t num_splits;              /* split-KV (forward): 0 = the backend's choice (CPU: 1), n >= 1 = n key ranges
+                                      merged with the LSE rule; reads as 0 from a struct_size ending before it */
 } fa4_options;
 
 /* FlashAttention's defaults: scale 1/sqrt(d), no mask, hardware exp2, tau = 8, non-deterministic. */
@@ -110,6 +112,28 @@ fa4_status fa4_backward_varlen(const fa4_tensor* q, const fa4_tensor* k, const f
                                const fa4_tensor* dout, const fa4_tensor* lse, const fa4_tensor* dq,
                                const fa4_tensor* dk, const fa4_tensor* dv, const fa4_varlen* varlen,
                                const fa4_options* options, void* workspace, size_t workspace_bytes, void* stream);
+
+/* KV-cache attention (fa4.hpp's KvCache; FlashAttention's flash_attn_with_kvcache), forward only. q, out:
+ * [batch, seqlen_q, h, d]; k_cache, v_cache: [batch, seqlen_cache, h_kv, d] (contiguous cache, page_table NULL)
+ * or [num_pages, page_size, h_kv, d] (paged, page_size a multiple of 16); lse NULL or [batch, h, seqlen_q].
+ * k_new, v_new ([batch, seqlen_new, h_kv, d]) are appended into the cache in place at cache_seqlens[b] first.
+ * Host int32 metadata; this version runs on the CPU. */
+typedef struct fa4_kvcache {
+  const int32_t* cache_seqlens;   /* [batch]: keys cached per sequence; NULL: every cache full */
+  const int32_t* page_table;      /* [batch, max_pages] row-major; NULL: a contiguous cache */
+  int64_t max_pages;              /* page_table's columns (0 without one) */
+  const struct fa4_tensor* k_new; /* NULL, or with v_new: the keys and values to append */
+  const struct fa4_tensor* v_new;
+} fa4_kvcache;
+
+fa4_status fa4_forward_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, const fa4_tensor* v_cache,
+                               const fa4_tensor* out, const fa4_tensor* lse, const fa4_kvcache* kvcache,
+                               const fa4_options* options, void* workspace, size_t workspace_bytes, void* stream);
+
+/* As fa4_supports, for fa4_forward_kvcache's arguments (never writes the cache). */
+fa4_status fa4_supports_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, const fa4_tensor* v_cache,
+                                const fa4_kvcache* kvcache, const fa4_options* options, char* reason,
+                                size_t reason_bytes);
 
 #ifdef __cplusplus
 }

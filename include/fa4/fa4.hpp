@@ -68,6 +68,10 @@ struct Options {
   // Backward only, with sinks: their gradient, fp32 [heads_q], overwritten with
   // dsink_h = -sum over batch and rows of exp(sink_h - lse) * rowsum(dout * out). nullptr: not computed.
   const Tensor* dsinks = nullptr;
+  // Split-KV (decode): the keys of each (batch, head, query tile) are split into this many ranges, computed
+  // separately and merged with the LSE rule. 0: chosen from the shape and the device (the CPU backend: 1);
+  // n >= 1: n ranges (fewer when there are fewer keys). Forward only; the result is the same up to rounding.
+  int num_splits = 0;
 };
 
 class Error : public std::runtime_error {
@@ -132,6 +136,35 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 
 Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
                         const Options& options = {});
+
+// KV-cache attention (FlashAttention's flash_attn_with_kvcache), forward only: decode and chunked prefill
+// against a cache that is read in place, either contiguous or paged.
+//   q, out: [batch, seqlen_q, heads, head_dim]; lse (optional): [batch, heads, seqlen_q], fp32.
+//   Contiguous cache (page_table == nullptr): k_cache, v_cache [batch, seqlen_cache, heads_kv, head_dim].
+//   Paged cache: k_cache, v_cache [num_pages, page_size, heads_kv, head_dim], page_size a multiple of 16;
+//   page_table[b * max_pages + i] is the page holding keys i * page_size .. (i + 1) * page_size - 1 of
+//   sequence b. Pages may be in any order, and sequences may share pages they only read.
+// Sequence b attends to its first cache_seqlens[b] cached keys, plus seqlen_new more when k_new, v_new
+// ([batch, seqlen_new, heads_kv, head_dim]) are given: those are first written into the cache (in place) at
+// positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1, then attended to with the rest. Every
+// option of the dense forward applies per sequence over its keys (causal is bottom-right: a decode query sees
+// every key); num_splits splits each sequence's keys. The metadata are host int32 arrays, checked entry by
+// entry before anything is written. This version runs on the CPU backend (CUDA tensors are refused, by
+// supports_kvcache too).
+struct KvCache {
+  const int32_t* cache_seqlens = nullptr;  // [batch]: keys already cached per sequence; nullptr: every cache full
+  const int32_t* page_table = nullptr;     // [batch, max_pages], row-major; nullptr: a contiguous cache
+  int64_t max_pages = 0;                   // page_table's columns (0 without a page_table)
+  const Tensor* k_new = nullptr;           // optional, with v_new: [batch, seqlen_new, heads_kv, head_dim]
+  const Tensor* v_new = nullptr;
+};
+
+void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out,
+                     const Tensor* lse, const KvCache& cache, const Options& options = {}, Workspace workspace = {},
+                     Stream stream = nullptr);
+
+Support supports_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const KvCache& cache,
+                         const Options& options = {});
 
 const char* version();
 

@@ -4,6 +4,7 @@
     fa4.attention_backward(dout, ...)    its gradients
     fa4.flash_attn_func(q, k, v, ...)    torch tensors, FlashAttention's signature, autograd, torch.compile
     fa4.flash_attn_varlen_func(...)      the same for sequences packed without padding (CPU tensors today)
+    fa4.flash_attn_with_kvcache(...)     decode against a contiguous or paged KV cache, forward only (CPU today)
     fa4.supports(q, k, v, ...)           whether this build can run a call, and if not why
 
 torch is imported only when a torch entry point is first used, so numpy-only use works without it; the custom
@@ -16,11 +17,12 @@ from . import _capi
 from .errors import (CudaError, Error, InternalError, InvalidArgumentError, LibraryNotFoundError,
                      UnsupportedError)
 
-__all__ = ["attention", "attention_backward", "flash_attn_func", "flash_attn_varlen_func", "supports", "Support", "library_path",
+__all__ = ["attention", "attention_backward", "flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
+           "supports", "Support", "library_path",
            "library_version", "Error", "InvalidArgumentError", "UnsupportedError", "CudaError", "InternalError",
            "LibraryNotFoundError"]
 
-_TORCH_ENTRY_POINTS = ("flash_attn_func", "flash_attn_varlen_func")
+_TORCH_ENTRY_POINTS = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache")
 _NUMPY_ENTRY_POINTS = ("attention", "attention_backward")
 
 

@@ -54,6 +54,7 @@ class Options(ctypes.Structure):
         ("deterministic", ctypes.c_int32),
         ("sinks", ctypes.POINTER(Tensor)),
         ("dsinks", ctypes.POINTER(Tensor)),
+        ("num_splits", ctypes.c_int32),
     ]
 
 
@@ -70,9 +71,22 @@ class Varlen(ctypes.Structure):
     ]
 
 
+class KvCache(ctypes.Structure):
+    """fa4_kvcache: a KV cache's metadata (host int32 arrays) and the keys/values to append (or NULL)."""
+
+    _fields_ = [
+        ("cache_seqlens", ctypes.c_void_p),
+        ("page_table", ctypes.c_void_p),
+        ("max_pages", ctypes.c_int64),
+        ("k_new", ctypes.POINTER(Tensor)),
+        ("v_new", ctypes.POINTER(Tensor)),
+    ]
+
+
 _TENSOR_P = ctypes.POINTER(Tensor)
 _VARLEN_P = ctypes.POINTER(Varlen)
 _OPTIONS_P = ctypes.POINTER(Options)
+_KVCACHE_P = ctypes.POINTER(KvCache)
 _SIGNATURES = {  # name: (restype, argtypes)
     "fa4_version": (ctypes.c_char_p, []),
     "fa4_last_error": (ctypes.c_char_p, []),
@@ -83,6 +97,9 @@ _SIGNATURES = {  # name: (restype, argtypes)
                                                              ctypes.c_void_p]),
     "fa4_backward_varlen": (ctypes.c_int, [_TENSOR_P] * 9 + [_VARLEN_P, _OPTIONS_P, ctypes.c_void_p, ctypes.c_size_t,
                                                               ctypes.c_void_p]),
+    "fa4_forward_kvcache": (ctypes.c_int, [_TENSOR_P] * 5 + [_KVCACHE_P, _OPTIONS_P, ctypes.c_void_p, ctypes.c_size_t,
+                                                               ctypes.c_void_p]),
+    "fa4_supports_kvcache": (ctypes.c_int, [_TENSOR_P] * 3 + [_KVCACHE_P, _OPTIONS_P, ctypes.c_char_p, ctypes.c_size_t]),
     "fa4_workspace_size": (ctypes.c_int, [ctypes.c_int, _TENSOR_P, _TENSOR_P, _TENSOR_P, _OPTIONS_P,
                                           ctypes.POINTER(ctypes.c_size_t)]),
     "fa4_supports": (ctypes.c_int, [ctypes.c_int, _TENSOR_P, _TENSOR_P, _TENSOR_P, _OPTIONS_P, ctypes.c_char_p,
@@ -182,9 +199,10 @@ def window_bounds(call, window_size):
 
 
 def options(call, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
-            deterministic=False, sinks=None, dsinks=None):
+            deterministic=False, sinks=None, dsinks=None, num_splits=0):
     """fa4_options from FlashAttention's keyword arguments, on top of the library's defaults; sinks, dsinks: rank-1
-    fa4_tensor descriptors (kept alive by the returned struct)."""
+    fa4_tensor descriptors (kept alive by the returned struct); num_splits: split-KV ranges (0: the backend's
+    choice)."""
     o = Options.from_buffer_copy(library().default_options)
     if softmax_scale is not None:
         o.has_softmax_scale = 1
@@ -201,6 +219,10 @@ def options(call, softmax_scale=None, causal=False, window_left=-1, window_right
         o.sinks = ctypes.pointer(sinks)
     if dsinks is not None:
         o.dsinks = ctypes.pointer(dsinks)
+    if isinstance(num_splits, bool) or not hasattr(num_splits, "__index__") or \
+            not -2**31 <= operator.index(num_splits) < 2**31:  # ctypes would wrap it silently
+        raise InvalidArgumentError(f"{call}: argument 'num_splits': expected an int32 integer, got {num_splits!r}")
+    o.num_splits = operator.index(num_splits)
     return o
 
 
@@ -243,6 +265,23 @@ def backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, varlen, options, worksp
     tensors = [ctypes.byref(t) for t in (q, k, v, out, dout, lse, dq, dk, dv)]
     lib.check(lib.fa4_backward_varlen(*tensors, ctypes.byref(varlen), ctypes.byref(options), workspace_ptr,
                                       workspace_bytes, stream))
+
+
+def forward_kvcache(q, k_cache, v_cache, out, lse, kvcache, options, workspace_ptr=None, workspace_bytes=0,
+                    stream=None):
+    lib = library()
+    lib.check(lib.fa4_forward_kvcache(ctypes.byref(q), ctypes.byref(k_cache), ctypes.byref(v_cache),
+                                      ctypes.byref(out), _out(lse), ctypes.byref(kvcache), ctypes.byref(options),
+                                      workspace_ptr, workspace_bytes, stream))
+
+
+def supports_kvcache(q, k_cache, v_cache, kvcache, options):
+    """(status, reason), as supports() for forward_kvcache's arguments."""
+    lib = library()
+    reason = ctypes.create_string_buffer(1024)
+    status = lib.fa4_supports_kvcache(ctypes.byref(q), ctypes.byref(k_cache), ctypes.byref(v_cache),
+                                      ctypes.byref(kvcache), ctypes.byref(options), reason, len(reason))
+    return status, reason.value.decode(errors="replace")
 
 
 def workspace_size(pass_, q, k, v, options):

@@ -6,6 +6,7 @@ capture works: nothing here synchronizes, and outputs and workspaces come from t
 Whether a call can run is the library's decision alone: its refusals arrive as fa4.UnsupportedError."""
 
 import contextlib
+import ctypes
 from typing import Optional
 
 import torch
@@ -91,7 +92,7 @@ def _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal, wind
 @torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))
 def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: Optional[torch.Tensor],
                softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-               deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+               deterministic: bool, num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32."""
     call = "fa4.flash_attn_func"
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
@@ -99,7 +100,7 @@ def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                            sinks=_sinks(call, learnable_sink))
+                            sinks=_sinks(call, learnable_sink), num_splits=num_splits)
     with _device_guard(q):
         _keep, workspace, workspace_bytes = _workspace(_capi.FORWARD, inputs, options, q.device)
         _capi.forward(*inputs, describe(call, "out", out), describe(call, "lse", lse), options, workspace,
@@ -108,7 +109,8 @@ def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink
 
 
 @forward_op.register_fake
-def _forward_fake(q, k, v, learnable_sink, softmax_scale, causal, window_left, window_right, softcap, deterministic):
+def _forward_fake(q, k, v, learnable_sink, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                  num_splits=0):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
@@ -143,8 +145,14 @@ def _backward_fake(dout, q, k, v, out, lse, learnable_sink, softmax_scale, causa
     return q.new_empty(q.shape), k.new_empty(k.shape, dtype=q.dtype), v.new_empty(v.shape, dtype=q.dtype), dsink
 
 
+# The backward takes the forward's options but num_splits (split-KV is forward only: the gradient is that of
+# the same attention, computed unsplit).
+_BACKWARD_OPTIONS = 6  # softmax_scale, causal, window_left, window_right, softcap, deterministic
+
+
 def _setup_context(ctx, inputs, output):
-    q, k, v, learnable_sink, *ctx.options = inputs
+    q, k, v, learnable_sink, *options = inputs
+    ctx.options, ctx.input_count = tuple(options[:_BACKWARD_OPTIONS]), len(inputs)
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, learnable_sink)
     # FlashAttention does not differentiate through the LSE; say so rather than silently dropping its gradient.
@@ -154,10 +162,17 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, learnable_sink = ctx.saved_tensors
     dq, dk, dv, dsink = backward_op(dout, q, k, v, out, lse, learnable_sink, *ctx.options)
-    return (dq, dk, dv, None if learnable_sink is None else dsink) + (None,) * len(ctx.options)
+    return (dq, dk, dv, None if learnable_sink is None else dsink) + (None,) * (ctx.input_count - 4)
 
 
 forward_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def _int(call, name, value):
+    """An integer argument as int (ints, numpy ints, 0-d integer tensors; not bools or floats)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgumentError(f"{call}: argument '{name}': expected an integer, got {value!r}")
+    return int(value.__index__())
 
 
 def _check_tensors(call, qkv, rank, layout):
@@ -170,7 +185,7 @@ def _check_tensors(call, qkv, rank, layout):
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                    deterministic=False, return_lse=False, learnable_sink=None):
+                    deterministic=False, return_lse=False, learnable_sink=None, num_splits=0):
     """FlashAttention's flash_attn_func on fa4.
 
     q: [batch, seqlen_q, heads, head_dim], k, v: [batch, seqlen_k, heads_kv, head_dim] with heads % heads_kv == 0
@@ -184,13 +199,16 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     differentiated. The backward (autograd) runs the library's backward on the same device and stream rules.
     learnable_sink (FlashAttention-4's name; gpt-oss's sinks): float32 [heads] logits, one per query head, that
     join every row's softmax denominator as a key of value zero (lse includes them); differentiable. CPU tensors
-    only in this version (CUDA raises fa4.UnsupportedError)."""
+    only in this version (CUDA raises fa4.UnsupportedError). num_splits: split-KV ranges for the forward (0: the
+    backend's choice; n: n key ranges merged by their LSE, the same result up to rounding); the backward is the
+    unsplit one whatever it is."""
     call = "fa4.flash_attn_func"
     _check_tensors(call, (q, k, v), 4, "[batch, seqlen, heads, head_dim]")
     _check_sink(call, learnable_sink)
     window_left, window_right = _capi.window_bounds(call, window_size)
     out, lse = forward_op(q, k, v, learnable_sink, None if softmax_scale is None else float(softmax_scale),
-                          bool(causal), window_left, window_right, float(softcap), bool(deterministic))
+                          bool(causal), window_left, window_right, float(softcap), bool(deterministic),
+                          _int(call, "num_splits", num_splits))
     return (out, lse) if return_lse else out
 
 
@@ -224,7 +242,7 @@ def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnab
                       cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, seqused_k: Optional[torch.Tensor],
                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: Optional[float], causal: bool,
                       window_left: int, window_right: int, softcap: float,
-                      deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                      deterministic: bool, num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out [total_q, h, d] contiguous in q's dtype, lse [h, total_q] float32."""
     call = "fa4.flash_attn_varlen_func"
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
@@ -233,7 +251,7 @@ def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnab
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
-                            sinks=_sinks(call, learnable_sink))
+                            sinks=_sinks(call, learnable_sink), num_splits=num_splits)
     with _device_guard(q):
         _capi.forward_varlen(*inputs, describe(call, "out", out), describe(call, "lse", lse), varlen, options, None,
                              0, _stream(q))
@@ -242,7 +260,7 @@ def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnab
 
 @forward_varlen_op.register_fake
 def _forward_varlen_fake(q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                         softmax_scale, causal, window_left, window_right, softcap, deterministic):
+                         softmax_scale, causal, window_left, window_right, softcap, deterministic, num_splits=0):
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
@@ -276,7 +294,8 @@ def _backward_varlen_fake(dout, q, k, v, out, lse, learnable_sink, cu_seqlens_q,
 
 
 def _setup_varlen_context(ctx, inputs, output):
-    q, k, v, sink, cu_q, cu_k, used_k, *ctx.options = inputs
+    q, k, v, sink, cu_q, cu_k, used_k, *options = inputs
+    ctx.options, ctx.input_count = tuple(options[:2 + _BACKWARD_OPTIONS]), len(inputs)  # max_seqlen_q/k, then those
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, sink, cu_q, cu_k, used_k)
     ctx.mark_non_differentiable(lse)
@@ -285,7 +304,7 @@ def _setup_varlen_context(ctx, inputs, output):
 def _backward_varlen(ctx, dout, _dlse):
     q, k, v, out, lse, sink, cu_q, cu_k, used_k = ctx.saved_tensors
     dq, dk, dv, dsink = backward_varlen_op(dout, q, k, v, out, lse, sink, cu_q, cu_k, used_k, *ctx.options)
-    return (dq, dk, dv, None if sink is None else dsink, None, None, None) + (None,) * len(ctx.options)
+    return (dq, dk, dv, None if sink is None else dsink) + (None,) * (ctx.input_count - 4)
 
 
 forward_varlen_op.register_autograd(_backward_varlen, setup_context=_setup_varlen_context)
@@ -293,7 +312,7 @@ forward_varlen_op.register_autograd(_backward_varlen, setup_context=_setup_varle
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=False,
-                           return_lse=False, seqused_k=None, learnable_sink=None):
+                           return_lse=False, seqused_k=None, learnable_sink=None, num_splits=0):
     """FlashAttention's flash_attn_varlen_func on fa4 (same positional order; dropout is not implemented, so
     dropout_p must be 0).
 
@@ -303,7 +322,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     device; max_seqlen_q/k: the longest sequences. Options as flash_attn_func's, applied per sequence. Returns
     out, or (out, lse) with return_lse=True, lse float32 [heads, total_q]. learnable_sink as flash_attn_func's
     (one per head, shared by every sequence; its gradient sums over them). CPU tensors run on the CPU backend;
-    CUDA tensors raise fa4.UnsupportedError until the GPU varlen kernels exist."""
+    CUDA tensors raise fa4.UnsupportedError until the GPU varlen kernels exist. num_splits as flash_attn_func's."""
     call = "fa4.flash_attn_varlen_func"
     if dropout_p != 0.0:
         raise UnsupportedError(f"{call}: argument 'dropout_p': expected 0.0 (fa4 has no attention dropout), got "
@@ -313,6 +332,104 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     window_left, window_right = _capi.window_bounds(call, window_size)
     out, lse = forward_varlen_op(q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, seqused_k, int(max_seqlen_q),
                                  int(max_seqlen_k), None if softmax_scale is None else float(softmax_scale),
-                                 bool(causal), window_left, window_right, float(softcap), bool(deterministic))
+                                 bool(causal), window_left, window_right, float(softcap), bool(deterministic),
+                                 _int(call, "num_splits", num_splits))
     return (out, lse) if return_lse else out
 
+
+
+# ---- KV cache (decode) ----------------------------------------------------------------------------------------
+
+def _int32_metadata(call, name, t, q, rank, rows):
+    """t (cache_seqlens: rank 1, page_table: rank 2) is a contiguous int32 tensor on q's device with `rows` rows."""
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != rank or not t.is_contiguous() \
+            or t.device != q.device or t.shape[0] != rows:
+        got = (f"{t.dtype} shape {list(t.shape)}{'' if t.is_contiguous() else ' non-contiguous'} on {t.device}"
+               if isinstance(t, torch.Tensor) else type(t).__name__)
+        layout = "[batch]" if rank == 1 else "[batch, max_pages]"
+        raise InvalidArgumentError(f"{call}: argument '{name}': expected a contiguous int32 tensor {layout} "
+                                   f"(batch = {rows}) on {q.device}, got {got}")
+
+
+@torch.library.custom_op("fa4::forward_kvcache", mutates_args=("k_cache", "v_cache"), device_types=("cpu", "cuda"))
+def forward_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: Optional[torch.Tensor],
+                       v_new: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
+                       page_table: Optional[torch.Tensor], learnable_sink: Optional[torch.Tensor],
+                       softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+                       softcap: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32. With k_new and v_new,
+    writes them into k_cache and v_cache (in place) first."""
+    call = "fa4.flash_attn_with_kvcache"
+    q = _unit_head_dim_stride(q)
+    k_new, v_new = (None if t is None else _unit_head_dim_stride(t) for t in (k_new, v_new))
+    if cache_seqlens is not None:
+        _int32_metadata(call, "cache_seqlens", cache_seqlens, q, 1, q.shape[0])
+    if page_table is not None:
+        _int32_metadata(call, "page_table", page_table, q, 2, q.shape[0])
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
+    # non-unit head_dim stride).
+    inputs = [describe(call, name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
+    new = [None if t is None else describe(call, name, t) for name, t in (("k", k_new), ("v", v_new))]
+    kvcache = _capi.KvCache(cache_seqlens=None if cache_seqlens is None else cache_seqlens.data_ptr(),
+                            page_table=None if page_table is None else page_table.data_ptr(),
+                            max_pages=0 if page_table is None else page_table.shape[1],
+                            k_new=None if new[0] is None else ctypes.pointer(new[0]),
+                            v_new=None if new[1] is None else ctypes.pointer(new[1]))
+    options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
+                            sinks=_sinks(call, learnable_sink), num_splits=num_splits)
+    with _device_guard(q):
+        _capi.forward_kvcache(*inputs, describe(call, "out", out), describe(call, "lse", lse), kvcache, options,
+                              None, 0, _stream(q))
+    return out, lse
+
+
+@forward_kvcache_op.register_fake
+def _forward_kvcache_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, learnable_sink, softmax_scale,
+                          causal, window_left, window_right, softcap, num_splits):
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=None, page_table=None,
+                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, num_splits=0,
+                            return_softmax_lse=False, learnable_sink=None, *, block_table=None):
+    """FlashAttention's flash_attn_with_kvcache on fa4: attention of q against a KV cache, forward only (no
+    autograd: the output does not require grad, and inputs that do are refused while grad mode is on).
+
+    q: [batch, seqlen_q, heads, head_dim]. The cache is contiguous, k_cache/v_cache [batch, seqlen_cache, heads_kv,
+    head_dim], or paged when page_table is given: [num_pages, page_size, heads_kv, head_dim] with page_size a
+    multiple of 16, and page_table int32 [batch, max_pages] listing each sequence's pages in order (FlashAttention
+    2 calls it block_table; either name, not both). cache_seqlens: int, or int32 [batch], the keys already in each
+    sequence's cache; None: the caches are full. k, v: optional [batch, seqlen_new, heads_kv, head_dim], written
+    into the cache in place at cache_seqlens[b] before attending, so that sequence b sees cache_seqlens[b] +
+    seqlen_new keys (cache_seqlens itself is not advanced: the caller does that). causal is bottom-right over the
+    sequence's keys (a decode query sees every cached key); window_size, softcap, softmax_scale, learnable_sink as
+    flash_attn_func's; num_splits: split-KV ranges (0: the backend's choice). Returns out, or (out, lse) with
+    return_softmax_lse=True (lse float32 [batch, heads, seqlen_q]). CPU tensors in this version (CUDA raises
+    fa4.UnsupportedError)."""
+    call = "fa4.flash_attn_with_kvcache"
+    _check_tensors(call, (q, k_cache, v_cache), 4, "[batch, seqlen, heads, head_dim] or [pages, page_size, heads, "
+                                                   "head_dim]")
+    if block_table is not None:
+        if page_table is not None:
+            raise InvalidArgumentError(f"{call}: argument 'block_table': expected None when page_table is given "
+                                       f"(two names for one argument), got a tensor")
+        page_table = block_table
+    if (k is None) != (v is None):
+        missing = "v" if v is None else "k"
+        raise InvalidArgumentError(f"{call}: argument '{missing}': expected a tensor (k and v are appended "
+                                   f"together), got None")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                       for t in (q, k_cache, v_cache, k, v, learnable_sink)):
+        raise UnsupportedError(f"{call}: expected inputs that do not require grad, or torch.no_grad(): the "
+                               f"KV-cache forward has no backward")
+    _check_sink(call, learnable_sink)
+    if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full((q.shape[0],), _int(call, "cache_seqlens", cache_seqlens), dtype=torch.int32,
+                                   device=q.device)
+    window_left, window_right = _capi.window_bounds(call, window_size)
+    out, lse = forward_kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, page_table, learnable_sink,
+                                  None if softmax_scale is None else float(softmax_scale), bool(causal), window_left,
+                                  window_right, float(softcap), _int(call, "num_splits", num_splits))
+    return (out, lse) if return_softmax_lse else out

@@ -56,6 +56,7 @@ Support supports(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, c
     const detail::Problem p = detail::validate_inputs("fa4::supports", q, k, v, options);
     detail::check_sink_options("fa4::supports", options, p.heads_q, q, pass == Pass::forward);
     detail::require_pass("fa4::supports", p, pass);
+    if (pass == Pass::backward) detail::check_backward_splits("fa4::supports", options);
     return {true, Status::ok, ""};
   } catch (const Error& e) {
     return {false, e.code(), e.what()};

@@ -36,7 +36,7 @@ fa4::Tensor to_cpp(const fa4_tensor* t, const char* arg, int min_rank = 2, int m
 
 // The C options as fa4::Options, with the sinks' descriptors converted and kept alive: construct it in the
 // call's argument list (a temporary lives until the call returns). A struct_size from before the appended
-// fields (sinks, dsinks) reads them as NULL.
+// fields (sinks, dsinks, num_splits) reads them as NULL / 0.
 class CppOptions {
  public:
   explicit CppOptions(const fa4_options* o) {
@@ -63,6 +63,7 @@ class CppOptions {
       dsinks_ = to_cpp(o->dsinks, "options.dsinks", 1, 1);
       r_.dsinks = &dsinks_;
     }
+    if (has(offsetof(fa4_options, num_splits) + sizeof(o->num_splits))) r_.num_splits = o->num_splits;
   }
   CppOptions(const CppOptions&) = delete;
   CppOptions& operator=(const CppOptions&) = delete;
@@ -191,6 +192,55 @@ fa4_status fa4_backward_varlen(const fa4_tensor* q, const fa4_tensor* k, const f
                          to_cpp(lse, "lse"), to_cpp(dq, "dq"), to_cpp(dk, "dk"), to_cpp(dv, "dv"), to_cpp(varlen),
                          CppOptions(options).get(), {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
   });
+}
+
+namespace {
+// The C KvCache as fa4::KvCache, keeping the converted k_new / v_new alive (construct it in the call's argument
+// list, as CppOptions).
+class CppKvCache {
+ public:
+  explicit CppKvCache(const fa4_kvcache* c) {
+    if (c == nullptr)
+      throw fa4::Error(fa4::Status::invalid_argument, "fa4: argument 'kvcache': expected a fa4_kvcache, got NULL");
+    r_.cache_seqlens = c->cache_seqlens, r_.page_table = c->page_table, r_.max_pages = c->max_pages;
+    if (c->k_new) k_new_ = to_cpp(c->k_new, "kvcache.k_new", 4, 4), r_.k_new = &k_new_;
+    if (c->v_new) v_new_ = to_cpp(c->v_new, "kvcache.v_new", 4, 4), r_.v_new = &v_new_;
+  }
+  CppKvCache(const CppKvCache&) = delete;
+  CppKvCache& operator=(const CppKvCache&) = delete;
+  const fa4::KvCache& get() const { return r_; }
+
+ private:
+  fa4::KvCache r_;
+  fa4::Tensor k_new_, v_new_;
+};
+}  // namespace
+
+fa4_status fa4_forward_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, const fa4_tensor* v_cache,
+                               const fa4_tensor* out, const fa4_tensor* lse, const fa4_kvcache* kvcache,
+                               const fa4_options* options, void* workspace, size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    const fa4::Tensor lse_t = lse ? to_cpp(lse, "lse") : fa4::Tensor{};
+    fa4::forward_kvcache(to_cpp(q, "q"), to_cpp(k_cache, "k_cache"), to_cpp(v_cache, "v_cache"), to_cpp(out, "out"),
+                         lse ? &lse_t : nullptr, CppKvCache(kvcache).get(), CppOptions(options).get(),
+                         {workspace, workspace_bytes}, static_cast<fa4::Stream>(stream));
+  });
+}
+
+fa4_status fa4_supports_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, const fa4_tensor* v_cache,
+                                const fa4_kvcache* kvcache, const fa4_options* options, char* reason,
+                                size_t reason_bytes) {
+  fa4::Support s;
+  const fa4_status status = guarded([&] {
+    s = fa4::supports_kvcache(to_cpp(q, "q"), to_cpp(k_cache, "k_cache"), to_cpp(v_cache, "v_cache"),
+                              CppKvCache(kvcache).get(), CppOptions(options).get());
+    if (!s.ok) throw fa4::Error(s.code, s.reason);
+  });
+  if (reason != nullptr && reason_bytes > 0) {
+    std::strncpy(reason, g_last_error.c_str(), reason_bytes - 1);
+    reason[reason_bytes - 1] = '\0';
+  }
+  return status;
 }
 
 fa4_status fa4_workspace_size(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,

@@ -68,29 +68,6 @@ void check_tensor(const char* call, const char* arg, const Tensor& t, int rank) 
     invalid(call, arg, "element offsets below 2^62 bytes", "a tensor reaching " + std::to_string(static_cast<double>(reach)) + " elements");
 }
 
-// An output must not write any element twice: sorted by |stride|, each dim must step past all the smaller.
-void check_no_self_overlap(const char* call, const char* arg, const Tensor& t) {
-  if (t.numel() == 0) return;
-  std::vector<std::pair<int64_t, int64_t>> dims;  // |stride|, size
-  for (int i = 0; i < t.rank; ++i)
-    if (t.shape[i] > 1) dims.push_back({t.stride[i] < 0 ? -t.stride[i] : t.stride[i], t.shape[i]});
-  std::sort(dims.begin(), dims.end());
-  int64_t reach = 0;
-  for (auto [stride, size] : dims) {
-    if (stride <= reach)
-      invalid(call, arg, "strides under which no two elements share memory (it is an output)",
-              "stride " + std::to_string(stride) + " inside the span of the smaller dims");
-    reach += stride * (size - 1);
-  }
-}
-
-void check_disjoint(const char* call, const char* out_name, const Tensor& out, const char* in_name, const Tensor& in) {
-  const auto a = byte_extent(out), b = byte_extent(in);
-  if (a.first == a.second || b.first == b.second) return;
-  if (a.first < b.second && b.first < a.second)
-    invalid(call, out_name, std::string("memory disjoint from '") + in_name + "'", "an overlapping range (aliasing)");
-}
-
 void check_same_shape(const char* call, const char* arg, const Tensor& t, const char* ref_name, const Tensor& ref) {
   for (int i = 0; i < ref.rank; ++i)
     if (t.shape[i] != ref.shape[i])
@@ -125,6 +102,29 @@ void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws
 
 }  // namespace
 
+// An output must not write any element twice: sorted by |stride|, each dim must step past all the smaller.
+void check_no_self_overlap(const char* call, const char* arg, const Tensor& t) {
+  if (t.numel() == 0) return;
+  std::vector<std::pair<int64_t, int64_t>> dims;  // |stride|, size
+  for (int i = 0; i < t.rank; ++i)
+    if (t.shape[i] > 1) dims.push_back({t.stride[i] < 0 ? -t.stride[i] : t.stride[i], t.shape[i]});
+  std::sort(dims.begin(), dims.end());
+  int64_t reach = 0;
+  for (auto [stride, size] : dims) {
+    if (stride <= reach)
+      invalid(call, arg, "strides under which no two elements share memory (it is an output)",
+              "stride " + std::to_string(stride) + " inside the span of the smaller dims");
+    reach += stride * (size - 1);
+  }
+}
+
+void check_disjoint(const char* call, const char* out_name, const Tensor& out, const char* in_name, const Tensor& in) {
+  const auto a = byte_extent(out), b = byte_extent(in);
+  if (a.first == a.second || b.first == b.second) return;
+  if (a.first < b.second && b.first < a.second)
+    invalid(call, out_name, std::string("memory disjoint from '") + in_name + "'", "an overlapping range (aliasing)");
+}
+
 void check_sink_options(const char* call, const Options& o, int64_t heads_q, const Tensor& q, bool forward) {
   for (auto [name, t] : {std::pair{"options.sinks", o.sinks}, {"options.dsinks", o.dsinks}}) {
     if (t == nullptr) continue;
@@ -134,6 +134,12 @@ void check_sink_options(const char* call, const Options& o, int64_t heads_q, con
   }
   if (o.dsinks && !o.sinks) invalid(call, "options.dsinks", "null unless options.sinks is given", "a tensor");
   if (o.dsinks && forward) invalid(call, "options.dsinks", "null (only the backward writes the sinks' gradient)", "a tensor");
+}
+
+void check_backward_splits(const char* call, const Options& o) {
+  if (o.num_splits > 1)
+    invalid(call, "options.num_splits", "0 or 1 for the backward (split-KV is a forward-only option)",
+            std::to_string(o.num_splits));
 }
 
 Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& o) {
@@ -192,6 +198,13 @@ Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, cons
          "0 for f32/f64 inputs (the emulation's 8.8e-5 relative error is a bf16/fp16 policy)",
          std::to_string(o.exp2_emulated_fraction) + " with " + to_string(p.dtype));
   p.deterministic = o.deterministic;
+  if (o.num_splits < 0)
+    invalid(call, "options.num_splits", ">= 0 (0: chosen by the backend; n: n key ranges)", std::to_string(o.num_splits));
+  if (o.num_splits > 1 && p.dtype == DType::f64)
+    fail(Status::unsupported, call, "options.num_splits",
+         "0 or 1 for f64 inputs (they are computed exactly, in fp64; split-KV merges fp32 partials)",
+         std::to_string(o.num_splits));
+  p.num_splits = o.num_splits;
   check_sink_options(call, o, p.heads_q, q, false);
   p.sinks = o.sinks;
   p.dsinks = o.dsinks;
@@ -226,6 +239,7 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   const char* call = "fa4::backward";
   Problem p = validate_inputs(call, q, k, v, options);
   require_pass(call, p, Pass::backward);
+  check_backward_splits(call, options);
   check_tensor(call, "out", out, 4);
   check_same_kind(call, "out", out, q, q.dtype);
   check_same_shape(call, "out", out, "q", q);

@@ -17,9 +17,17 @@ namespace fa4::detail {
 // "[d0, d1, ...]" over the tensor's rank.
 std::string shape_string(const Tensor& t);
 
+// An output must not write any element twice (its strides step past each other).
+void check_no_self_overlap(const char* call, const char* arg, const Tensor& t);
+// An output's memory range (lowest to highest element it spans) must not meet an input's.
+void check_disjoint(const char* call, const char* out_name, const Tensor& out, const char* in_name, const Tensor& in);
+
 // options.sinks and options.dsinks against heads_q query heads on q's device (validate_inputs runs it); a
 // forward pass (forward = true) refuses dsinks, which only the backward writes.
 void check_sink_options(const char* call, const Options& options, int64_t heads_q, const Tensor& q, bool forward);
+
+// The backward refuses options.num_splits > 1 (split-KV is forward only).
+void check_backward_splits(const char* call, const Options& options);
 
 // The inputs and options alone (what `supports` and `workspace_size` see).
 Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options);

@@ -9,6 +9,7 @@
 #include "cpu/blocks.hpp"
 #include "cpu/packed.hpp"
 #include "cpu/reference.hpp"
+#include "cpu/split_kv.hpp"
 
 namespace fa4::cpu {
 namespace {
@@ -147,6 +148,10 @@ void forward_blocks(const detail::Problem& p, const Tensor& q, const Tensor& out
 
 void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
              const Tensor* lse) {
+  if (p.num_splits > 1 && split_ranges(p) > 1) {  // each range comes back here with num_splits = 1
+    forward_split(p, q, k, v, out, lse);
+    return;
+  }
   if (p.dtype == DType::f64) {  // computed exactly, in fp64
     reference_forward(p, q, k, v, out, lse, Precision::exact);
     return;
