@@ -18,10 +18,7 @@ namespace fa4 {
 namespace {
 
 using detail::fail;
-
-[[noreturn]] void invalid(const char* call, const std::string& arg, const std::string& expected, const std::string& got) {
-  fail(Status::invalid_argument, call, arg, expected, got);
-}
+using detail::invalid;
 
 std::string str(int64_t x) { return std::to_string(x); }
 std::string dims(int64_t a, int64_t b, int64_t c, int64_t d) {

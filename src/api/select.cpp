@@ -47,7 +47,7 @@ Backend require_backend(const char* call, const Problem& p) {
     throw Error(Status::unsupported, std::string(call) +
                                          ": argument 'options.sinks': expected null for cuda tensors (attention sinks "
                                          "run on the CPU backend in this version), got a tensor");
-  // The sm_90a forward has no split-KV path on this branch: n > 1 is refused rather than run as n = 1.
+  // The sm_90a forward has no split-KV path yet: n > 1 is refused rather than run as n = 1.
   if (p.num_splits > 1)
     throw Error(Status::unsupported, std::string(call) +
                                          ": argument 'options.num_splits': expected 0 or 1 for cuda tensors (split-KV "

@@ -21,11 +21,11 @@ void fail(Status code, const char* call, const std::string& arg, const std::stri
   throw Error(code, std::string(call) + ": argument '" + arg + "': expected " + expected + ", got " + got);
 }
 
-namespace {
-
-[[noreturn]] void invalid(const char* call, const std::string& arg, const std::string& expected, const std::string& got) {
+void invalid(const char* call, const std::string& arg, const std::string& expected, const std::string& got) {
   fail(Status::invalid_argument, call, arg, expected, got);
 }
+
+namespace {
 
 const char* const kDimNames4[4] = {"batch", "seqlen", "heads", "head_dim"};
 const char* const kDimNames3[3] = {"batch", "heads", "seqlen_q"};

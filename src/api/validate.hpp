@@ -14,6 +14,8 @@ namespace fa4::detail {
 // The error every check throws: "<call>: argument '<arg>': expected <expected>, got <got>".
 [[noreturn]] void fail(Status code, const char* call, const std::string& arg, const std::string& expected,
                        const std::string& got);
+// fail with Status::invalid_argument.
+[[noreturn]] void invalid(const char* call, const std::string& arg, const std::string& expected, const std::string& got);
 // "[d0, d1, ...]" over the tensor's rank.
 std::string shape_string(const Tensor& t);
 

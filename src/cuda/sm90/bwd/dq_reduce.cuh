@@ -66,8 +66,9 @@ __device__ __forceinline__ int dq_writers(const BwdParams& p) { return p.determi
 // Consumer side of a key-split warpgroup's dQ: its fp32 slab of the tile goes to its staging buffer in the
 // accumulator order (float4 per register group and thread: contiguous, conflict-free), and the dQ writer warp
 // (dq_writer.cuh) adds it to the workspace. dq_full (a named barrier of the warpgroup's 128 threads and the
-// writer's 32; one per writer, the slabs going to the writers in turn) hands the buffer over, dq_empty (an mbarrier of the writer's 32 lanes, each arriving after its
-// own reads: the CTA pair's writer reads the buffer with ordinary loads) hands it back, so the warpgroup waits
+// writer's 32; one per writer, the slabs going to the writers in turn) hands the buffer over, dq_empty (an
+// mbarrier of the writer's 32 lanes, each arriving after its own reads: the CTA pair's writer reads the buffer
+// with ordinary loads) hands it back, so the warpgroup waits
 // only when the writer still holds the previous slab: in deterministic mode the wait for a turn overlaps a
 // whole tile of compute.
 template <int Row>
