@@ -63,7 +63,7 @@ struct Options {
   // Attention sinks (gpt-oss; FlashAttention-4's learnable_sink): per query head one logit, in the units of the
   // scaled scores (neither scaled nor capped), that joins every row's softmax denominator as a key whose value
   // is zero: lse = log(exp(sink_h) + sum_j exp(s_ij)). fp32 [heads_q] on q's device; nullptr: none. A row that
-  // sees no key then has out = 0 and lse = sink_h. (CPU backend only in this version: CUDA refuses it.)
+  // sees no key then has out = 0 and lse = sink_h. CPU and CUDA (forward and backward).
   const Tensor* sinks = nullptr;
   // Backward only, with sinks: their gradient, fp32 [heads_q], overwritten with
   // dsink_h = -sum over batch and rows of exp(sink_h - lse) * rowsum(dout * out). nullptr: not computed.

@@ -43,10 +43,6 @@ Backend require_backend(const char* call, const Problem& p) {
   if (!sm90::has_forward_kernel(p.dtype, p.head_dim))
     unsupported(call, "a (dtype, head_dim) with a compiled CUDA kernel (" + compiled_kernels() + "; or cpu tensors)",
                 got);
-  if (p.sinks)
-    throw Error(Status::unsupported, std::string(call) +
-                                         ": argument 'options.sinks': expected null for cuda tensors (attention sinks "
-                                         "run on the CPU backend in this version), got a tensor");
   // The sm_90a forward has no split-KV path yet: n > 1 is refused rather than run as n = 1.
   if (p.num_splits > 1)
     throw Error(Status::unsupported, std::string(call) +

@@ -167,11 +167,29 @@ def test_opcheck_on_cuda():
     torch.library.opcheck(torch.ops.fa4.forward.default, (q, k, v, None, None, True, -1, -1, 0.0, False))
 
 
-def test_sinks_on_cuda_are_refused_by_name():
-    require_kernels(torch.bfloat16)
-    q, k, v = cuda_tensors(1, 64, 64, 2, 2, 128)
-    with pytest.raises(fa4.UnsupportedError, match="options.sinks"):
-        fa4.flash_attn_func(q, k, v, learnable_sink=torch.zeros(2, device="cuda"))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_sinks_on_cuda_forward_and_gradients_match_the_definition(causal):
+    """learnable_sink on CUDA tensors: out, lse, dq, dk, dv and dsink against the float64 definition of attention
+    with a sink (one more logit per head whose value row is zero), on the bfloat16 inputs. Causal with more queries
+    than keys leaves rows that see no key (out 0, lse = the sink). Bounds: a few bfloat16 roundoffs of the output
+    scale (the C++ GPU tests apply the tolerance rule; here the definition is torch's)."""
+    from test_torch import sink_attention
+    require_kernels(torch.bfloat16, backward=True)
+    q, k, v = cuda_tensors(2, 200, 150, 4, 2, 128, seed=5, requires_grad=True)
+    sink = torch.tensor([0.3, 4.0, -2.0, float("-inf")], device="cuda", requires_grad=True)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, learnable_sink=sink, return_lse=True)
+    dout = cuda_randn_like(q, 6)
+    grads = torch.autograd.grad(out, (q, k, v, sink), dout)
+    qd, kd, vd, sd = (t.detach().cpu().double().requires_grad_() for t in (q, k, v, sink))
+    want_out, want_lse = sink_attention(qd, kd, vd, sd, causal)
+    want = torch.autograd.grad(want_out, (qd, kd, vd, sd), dout.cpu().double())
+    torch.testing.assert_close(out.cpu().double(), want_out.detach(), rtol=0, atol=2e-2)
+    torch.testing.assert_close(lse.cpu().double(), want_lse.detach(), rtol=1e-4, atol=1e-4)
+    for name, g, w in zip(("dq", "dk", "dv", "dsink"), grads, want):
+        scale = w.abs().max().item()
+        torch.testing.assert_close(g.cpu().double(), w, rtol=0, atol=3e-2 * max(scale, 1e-3),
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    assert grads[3].dtype == torch.float32 and torch.isfinite(grads[3]).all()
 
 
 def attention_block(q, k, v):

@@ -50,8 +50,8 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     const WorkTile tile = p.order.tile(linear);
     const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
     ptx::WgmmaAccumulator<Config::kHeadDim> o;
-    RowState rows;
-    if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf; nothing was loaded
+    RowState rows = initial_rows(p, tile.head);
+    if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf (or the sink); nothing loaded
 #pragma unroll
       for (int i = 0; i < Config::kHeadDim / 2; ++i) o.reg[i] = 0.0f;
       FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);

@@ -193,6 +193,10 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
     params.lse_stride_h = lse->stride[1];
     params.lse_stride_s = lse->stride[2];
   }
+  if (p.sinks != nullptr) {
+    params.sinks = static_cast<const float*>(p.sinks->data);
+    params.sinks_stride = p.sinks->stride[0];
+  }
   params.seqlen_q = int32_t(p.seqlen_q);
   params.seqlen_k = int32_t(p.seqlen_k);
   params.group = int32_t(p.group());

@@ -36,6 +36,20 @@ struct RowState {
   float l[2] = {0.0f, 0.0f};            // this thread's share of sum exp2(x - m); quad-reduced in the epilogue
 };
 
+// A tile's rows before any key: empty, or with an attention sink (p.sinks) already seen as a key of value zero
+// and logit `sink`: m = sink in log2 units, l = exp2(0) = 1 — on one lane of the quad, since the epilogue sums
+// the quad's shares. A sink of -inf is no sink. The CPU backend starts its rows the same way (backend_fwd.cpp).
+__device__ __forceinline__ RowState initial_rows(const FwdParams& p, int32_t head) {
+  RowState rows;
+  if (p.sinks == nullptr) return rows;
+  const float m0 = p.sinks[head * p.sinks_stride] * num::kLog2e;
+  if (m0 == -INFINITY) return rows;
+  const float l0 = threadIdx.x % 4 == 0 ? 1.0f : 0.0f;
+  rows.m[0] = rows.m[1] = m0;
+  rows.l[0] = rows.l[1] = l0;
+  return rows;
+}
+
 // Consumer releases: one arrival per consumer warp, each after its own wgmma wait (so no warp's view of the
 // tile can still be in use), hence consumer_arrivals = 4 per consumer warpgroup at ring init.
 inline constexpr uint32_t kReleasesPerConsumerWarpgroup = 4;

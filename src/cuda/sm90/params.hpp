@@ -34,6 +34,10 @@ struct FwdParams {
   bool out_pairs_aligned = true;  // base and strides even: a column pair is one aligned 32-bit store
   float* lse = nullptr;  // null: not requested
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
+  // Attention sinks: fp32 [heads_q] natural-log logits, one per query head (null: none). A sink joins every
+  // row's denominator as a key of value zero (RowState's start, mma_softmax.cuh).
+  const float* sinks = nullptr;
+  int64_t sinks_stride = 0;
 
   int32_t seqlen_q = 0, seqlen_k = 0;
   int32_t group = 1;  // query heads per kv head: kv head = h / group

@@ -16,6 +16,10 @@ cudaError_t launch_bwd_kernel(DType dtype, int head_dim, const BwdParams& p, uin
 // D, LSE₂ and the zeroed dQ accumulator for every padded row of every (batch, head) pair.
 cudaError_t launch_bwd_preprocess(DType dtype, const BwdPrePostParams& p, int64_t batch, cudaStream_t stream);
 
+// dsinks = -Σ exp(sink - LSE) · D per query head, from the preprocess's LSE₂ and D (p.dsinks non-null); with no
+// row (batch or seqlen_q 0, ws.rows_padded 0) it writes zeros.
+cudaError_t launch_bwd_sink_gradient(const BwdPrePostParams& p, int64_t batch, cudaStream_t stream);
+
 // dQ = accumulator · scale in q's dtype and dq's strides.
 cudaError_t launch_bwd_postprocess(DType dtype, const BwdPrePostParams& p, int64_t batch, cudaStream_t stream);
 

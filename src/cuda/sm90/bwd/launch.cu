@@ -59,6 +59,15 @@ BwdWorkspaceLayout layout_of(const detail::Problem& p) {
   return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q);
 }
 
+// The sinks and their gradient, when the call has them.
+void set_sinks(const detail::Problem& p, BwdPrePostParams& pp) {
+  if (p.sinks == nullptr || p.dsinks == nullptr) return;  // the main kernel needs no sink: LSE already has it
+  pp.sinks = static_cast<const float*>(p.sinks->data);
+  pp.sinks_stride = p.sinks->stride[0];
+  pp.dsinks = static_cast<float*>(p.dsinks->data);
+  pp.dsinks_stride = p.dsinks->stride[0];
+}
+
 }  // namespace
 
 size_t backward_workspace_bytes(const detail::Problem& p) { return layout_of(p).bytes; }
@@ -72,7 +81,17 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     throw Error(Status::internal, std::string(call) + ": no backward tile row for head dim " + std::to_string(p.head_dim));
   const BwdTile& tile = kBwdTiles[row];
   const PairMode pair = pair_mode(call, tile, p);  // before any work: a bad override leaves nothing behind
-  if (p.batch == 0 || p.heads_q == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) return;  // no gradient element
+  if (p.batch == 0 || p.heads_q == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) {  // no dQ, dK or dV element
+    if (p.dsinks != nullptr && p.heads_q > 0) {  // no row either: dsinks = 0
+      const DeviceGuard device(call, q.device_index);
+      BwdPrePostParams none;
+      none.heads_q = int32_t(p.heads_q);
+      set_sinks(p, none);
+      throw_if_cuda_error(call, launch_bwd_sink_gradient(none, 0, reinterpret_cast<cudaStream_t>(stream)),
+                          "backward sink-gradient launch");
+    }
+    return;
+  }
   const BwdWorkspaceLayout layout = layout_of(p);
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
@@ -118,8 +137,11 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   pp.block_m = tile.block_m;
   pp.turns_per_tile = bwd_consumer_warpgroups(tile);
   pp.scale = p.scale;
+  set_sinks(p, pp);
   if (p.seqlen_q > 0)
     throw_if_cuda_error(call, launch_bwd_preprocess(p.dtype, pp, p.batch, cu_stream), "backward preprocess launch");
+  if (p.dsinks != nullptr)  // reads the preprocess's LSE₂ and D (with seqlen_q = 0: no row, zeros)
+    throw_if_cuda_error(call, launch_bwd_sink_gradient(pp, p.batch, cu_stream), "backward sink-gradient launch");
 
   if (p.seqlen_k > 0) {
     BwdParams params;

@@ -68,6 +68,10 @@ struct BwdPrePostParams {
   int32_t seqlen_q = 0, heads_q = 0, head_dim = 0;
   int32_t block_m = 64, turns_per_tile = 1;  // the main kernel's query tile and dq_turn counters per tile
   float scale = 1.0f;
+  // Attention sinks (fp32 [heads_q], null: none) and their gradient (null: not requested), element strides.
+  const float* sinks = nullptr;
+  float* dsinks = nullptr;
+  int64_t sinks_stride = 0, dsinks_stride = 0;
 };
 
 }  // namespace fa4::sm90

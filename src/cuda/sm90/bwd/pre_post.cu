@@ -221,6 +221,34 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
   }
 }
 
+// The sinks' gradient: dsink_h = -Σ over batch and rows of P_sink · D, P_sink = exp2(sink·log2e - LSE₂) (the
+// sink's value is zero, so its dP is 0). Padding and fully masked rows have LSE₂ = +inf (P_sink = 0) and D = 0.
+// One CTA per query head; each thread sums a fixed stride of rows in fp64, then a fixed tree: the same bits on
+// every run (deterministic mode needs nothing more).
+constexpr int kSinkThreads = 256;
+
+__global__ void __launch_bounds__(kSinkThreads) bwd_sink_gradient(const BwdPrePostParams p, int64_t batch) {
+  __shared__ double warp_sums[kSinkThreads / 32];
+  const int64_t head = blockIdx.x;
+  const double sink2 = double(p.sinks[head * p.sinks_stride]) * double(num::kLog2e);
+  const int64_t rows = p.ws.rows_padded;
+  double sum = 0.0;
+  for (int64_t i = threadIdx.x; i < batch * rows; i += kSinkThreads) {
+    const int64_t index = ((i / rows) * p.heads_q + head) * rows + i % rows;
+    const double d = p.ws.dsum[index];
+    if (d != 0.0) sum += exp2(sink2 - double(p.ws.lse_log2[index])) * d;
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double total = 0.0;
+#pragma unroll
+  for (int w = 0; w < kSinkThreads / 32; ++w) total += warp_sums[w];
+  p.dsinks[head * p.dsinks_stride] = float(0.0 - total);
+}
+
 uint32_t row_chunk_grid(const BwdPrePostParams& p, int64_t batch) {
   return uint32_t(batch * p.heads_q * (p.ws.rows_padded / kRowsPerCta));
 }
@@ -233,6 +261,12 @@ cudaError_t launch_bwd_preprocess(DType dtype, const BwdPrePostParams& p, int64_
     bwd_preprocess<true><<<grid, kPreThreads, 0, stream>>>(p);
   else
     bwd_preprocess<false><<<grid, kPreThreads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_bwd_sink_gradient(const BwdPrePostParams& p, int64_t batch, cudaStream_t stream) {
+  if (p.heads_q == 0) return cudaSuccess;
+  bwd_sink_gradient<<<uint32_t(p.heads_q), kSinkThreads, 0, stream>>>(p, batch);
   return cudaGetLastError();
 }
 
