@@ -17,7 +17,7 @@ void forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& ou
     case detail::Backend::cpu: cpu::forward(p, q, k, v, out, lse); return;
     case detail::Backend::cuda:
 #if defined(FA4_WITH_SM90)
-      sm90::forward(p, q, k, v, out, lse, stream);
+      sm90::forward(p, q, k, v, out, lse, workspace, stream);
       return;
 #else
       break;

@@ -27,7 +27,8 @@ struct Problem {
   bool deterministic = false;
   const Tensor* sinks = nullptr;   // fp32 [heads_q] (validated); nullptr: none
   const Tensor* dsinks = nullptr;  // backward, with sinks: fp32 [heads_q] output; nullptr: not computed
-  int num_splits = 0;  // options.num_splits (>= 0; the backward and the CUDA forward refuse > 1 here)
+  int num_splits = 0;  // options.num_splits (>= 0; the backward refuses > 1 here)
+  bool q_heads_strided = true;  // q's heads are distinct rows in memory (stride != 0): the GPU may read them as rows
 
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };

@@ -43,12 +43,6 @@ Backend require_backend(const char* call, const Problem& p) {
   if (!sm90::has_forward_kernel(p.dtype, p.head_dim))
     unsupported(call, "a (dtype, head_dim) with a compiled CUDA kernel (" + compiled_kernels() + "; or cpu tensors)",
                 got);
-  // The sm_90a forward has no split-KV path yet: n > 1 is refused rather than run as n = 1.
-  if (p.num_splits > 1)
-    throw Error(Status::unsupported, std::string(call) +
-                                         ": argument 'options.num_splits': expected 0 or 1 for cuda tensors (split-KV "
-                                         "runs on the CPU backend in this version), got " +
-                                         std::to_string(p.num_splits));
   if (!sm90::device_is_sm90(p.device_index))
     unsupported(call, "cuda tensors on a compute capability 9.0 (Hopper) GPU, the only one this build has kernels for",
                 "cuda device " + std::to_string(p.device_index));
@@ -94,9 +88,10 @@ void require_backward_layout(const char* call, const Problem& p, const Tensor& d
 }
 
 std::size_t workspace_bytes(const Problem& p, Pass pass) {
-  // The CPU backend keeps its scratch per thread, internally; the sm_90a forward needs none.
+  // The CPU backend keeps its scratch per thread, internally; the sm_90a forward needs one only for split-KV.
 #if defined(FA4_WITH_SM90)
   if (p.device == Device::cuda && pass == Pass::backward) return sm90::backward_workspace_bytes(p);
+  if (p.device == Device::cuda && pass == Pass::forward) return sm90::forward_workspace_bytes(p);
 #else
   (void)p, (void)pass;
 #endif

@@ -153,6 +153,7 @@ Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, cons
   p.batch = q.shape[0];
   p.seqlen_q = q.shape[1];
   p.heads_q = q.shape[2];
+  p.q_heads_strided = q.stride[2] != 0 || q.shape[2] == 1;
   p.head_dim = q.shape[3];
   p.seqlen_k = k.shape[1];
   p.heads_kv = k.shape[2];

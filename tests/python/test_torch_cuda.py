@@ -447,6 +447,35 @@ def test_forward_cuda_graph_capture_and_replay(causal):
         torch.testing.assert_close(captured, fa4.flash_attn_func(q, k, v, causal=causal), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("num_splits", [0, 1, 3, 16])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_split_kv_decode_on_cuda_within_tolerance_rule(num_splits, causal):
+    """Split-KV (and GQA packing: one query, 4 query heads per kv head) on CUDA against the float64 oracle; then
+    the same call captured in a CUDA graph (the partials' workspace is allocated stream-ordered inside it) and
+    replayed on new inputs, bitwise equal to an eager call."""
+    pytest.importorskip("ml_dtypes", reason="the bfloat16 tolerance needs ml_dtypes")
+    require_kernels(torch.bfloat16)
+    q, k, v = cuda_tensors(2, 1, 3000, 16, 4, 128, seed=num_splits + 10 * causal)
+    out, lse = fa4.flash_attn_func(q, k, v, causal=causal, num_splits=num_splits, return_lse=True)
+    ref_out, ref_lse = reference.attention(*(to_numpy_float64(t) for t in (q, k, v)), causal=causal)
+    reference.assert_within_rule(to_numpy_float64(out), ref_out, naive_attention(q, k, v, causal=causal),
+                                 reference.numpy_dtype("bfloat16"))
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, rtol=1e-4, atol=1e-4)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fa4.flash_attn_func(q, k, v, causal=causal, num_splits=num_splits)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fa4.flash_attn_func(q, k, v, causal=causal, num_splits=num_splits)
+    new_q, new_k, new_v = cuda_tensors(2, 1, 3000, 16, 4, 128, seed=99)
+    q.copy_(new_q), k.copy_(new_k), v.copy_(new_v)
+    graph.replay()
+    torch.testing.assert_close(captured, fa4.flash_attn_func(q, k, v, causal=causal, num_splits=num_splits),
+                               rtol=0, atol=0)
+
+
 def test_call_overhead_for_a_decode_shape(measurements):
     """Host time of one flash_attn_func call (Python, ctypes, validation, launch) for a decode step, and the
     time of the same call replayed from a CUDA graph, where that host work is gone."""

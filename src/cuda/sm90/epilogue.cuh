@@ -39,14 +39,32 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
   const int64_t row0 = rows_begin + local_row0;
   const int col_base = 2 * (thread % 4);
 
-  float inv_l[2];
+  float inv_l[2], lse[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const num::RowFinal fin = num::finalize_row(rows.m[h], quad_sum(rows.l[h]));
     inv_l[h] = fin.inv_l;
+    lse[h] = fin.lse;
     const int64_t r = row0 + 8 * h;
     if (p.lse != nullptr && thread % 4 == 0 && r < p.seqlen_q)
       p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = fin.lse;
+  }
+
+  if (p.o_partial != nullptr) {  // split-KV: this key range's O / l and LSE in fp32, for the combine kernel
+    const int64_t partial_row0 =
+        ((int64_t(tile.split) * p.order.batch + tile.batch) * p.order.heads_q + tile.head) * p.seqlen_q;
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (thread % 4 == 0 && row0 + 8 * h < p.seqlen_q) p.lse_partial[partial_row0 + row0 + 8 * h] = lse[h];
+#pragma unroll
+    for (int i = 0; i < HeadDim / 2; i += 2) {
+      const int h = reg_row_half(i);
+      const int64_t r = row0 + 8 * h;
+      if (r >= p.seqlen_q) continue;
+      *reinterpret_cast<float2*>(p.o_partial + (partial_row0 + r) * HeadDim + col_base + reg_col_in_pair_block(i)) =
+          make_float2(o.reg[i] * inv_l[h], o.reg[i + 1] * inv_l[h]);
+    }
+    return;
   }
 
   if (by_tma) {

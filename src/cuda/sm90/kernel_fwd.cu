@@ -48,7 +48,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
 
     FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, linear);
     const WorkTile tile = p.order.tile(linear);
-    const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
+    const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
     ptx::WgmmaAccumulator<Config::kHeadDim> o;
     RowState rows = initial_rows(p, tile.head);
     if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf (or the sink); nothing loaded

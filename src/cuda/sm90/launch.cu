@@ -13,6 +13,7 @@
 #include "cuda/sm90/config.hpp"
 #include "cuda/sm90/kernel_fwd.hpp"
 #include "cuda/sm90/launch_common.hpp"
+#include "cuda/sm90/split_combine.hpp"
 #include "cuda/tensormap.hpp"
 #if FA4_TRACE
 #include "cuda/sm90/trace_writers.hpp"
@@ -143,25 +144,109 @@ thread_local int forced_fwd_row = -1;  // ScopedFwdRow's choice on this thread; 
 ScopedFwdRow::ScopedFwdRow(int row) : previous_(forced_fwd_row) { forced_fwd_row = row; }
 ScopedFwdRow::~ScopedFwdRow() { forced_fwd_row = previous_; }
 
-void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-             const Tensor* lse, Stream stream) {
+namespace {
+
+// What one forward call runs: the tile-table row, the tiles' view of the problem, and the split-KV count.
+// GQA packing (decode): with one query per sequence and no left window, the `group` query heads that share a kv
+// head become the rows of one tile — q [b, 1, h_q, d] is read as [b, group, h_kv, d] (rows step over heads), out
+// and lse likewise — so each K/V tile is loaded once per group instead of once per query head. Bottom-right
+// causal and a right window hide no key from a row that is the last query, so only a left window stops it. A
+// sink is per query head, so packing with sinks waits for split-KV's combine (which runs on the unpacked view).
+struct FwdPlan {
+  int row = -1;
+  bool pack_gqa = false;
+  int64_t heads = 0, seqlen_q = 0, group = 1;  // the tiles' view: heads of the walk, rows per head, q heads per k head
+  int64_t num_m_blocks = 0, num_tiles = 0;     // tiles before the split
+  int32_t splits = 1;
+};
+
+// Split count: the caller's (fewer when there are fewer key tiles), or with 0 the fill rule: when the tiles
+// cannot fill the SMs, as many ranges as fill them (at most kMaxSplits, and at least two key tiles per range).
+constexpr int64_t kMaxSplits = 64;
+
+FwdPlan plan_forward(const detail::Problem& p) {
+  FwdPlan plan;
+  const int64_t sms = std::max(1, device_attribute(p.device_index, cudaDevAttrMultiProcessorCount).value_or(1));
+  auto view = [&](bool pack) {
+    plan.pack_gqa = pack;
+    plan.group = pack ? 1 : p.group();
+    plan.heads = pack ? p.heads_kv : p.heads_q;
+    plan.seqlen_q = pack ? p.group() : p.seqlen_q;
+    plan.row = forced_fwd_row >= 0 ? forced_fwd_row : fwd_row(int(p.head_dim), plan.seqlen_q);
+    if (plan.row < 0 || plan.row >= kFwdRows) return;
+    const FwdTile& tile = kFwdTiles[plan.row];
+    plan.num_m_blocks = (plan.seqlen_q + tile.block_m - 1) / tile.block_m;
+    plan.num_tiles = plan.num_m_blocks * plan.heads * p.batch;
+    const int64_t key_tiles = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
+    int64_t splits = p.num_splits;
+    if (splits == 0)
+      splits = plan.num_tiles >= sms ? 1 : std::min({sms / std::max<int64_t>(plan.num_tiles, 1), key_tiles / 2, kMaxSplits});
+    plan.splits = int32_t(std::clamp<int64_t>(std::min(splits, key_tiles), 1, kMaxIndex));
+  };
+  const bool packable = p.seqlen_q == 1 && p.group() > 1 && p.mask.left < 0 && p.q_heads_strided;
+  view(packable);
+  if (plan.pack_gqa && p.sinks != nullptr && plan.splits == 1) view(false);
+  return plan;
+}
+
+// Bytes of the split partials: fp32 O and LSE per (split, batch, head, query row).
+size_t split_workspace_bytes(const detail::Problem& p, const FwdPlan& plan) {
+  if (plan.splits <= 1) return 0;
+  const size_t rows = size_t(plan.splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
+  return (rows * size_t(p.head_dim) * 4 + 255) / 256 * 256 + rows * 4;
+}
+
+// t [b, 1, h_q, d] (or lse [b, h_q, 1]) read as [b, group, h_kv, d] ([b, h_kv, group]): the packed view.
+Tensor packed_rows(const Tensor& t, int64_t group) {
+  Tensor r = t;
+  r.shape[kSeq] = group;
+  r.stride[kSeq] = t.stride[kHeads];
+  r.shape[kHeads] = t.shape[kHeads] / group;
+  r.stride[kHeads] = t.stride[kHeads] * group;
+  return r;
+}
+Tensor packed_lse(const Tensor& t, int64_t group) {  // lse dims: [batch, heads, seqlen]
+  Tensor r = t;
+  r.shape[2] = group;
+  r.stride[2] = t.stride[1];
+  r.shape[1] = t.shape[1] / group;
+  r.stride[1] = t.stride[1] * group;
+  return r;
+}
+
+}  // namespace
+
+size_t forward_workspace_bytes(const detail::Problem& p) {
+  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0 || !has_forward_kernel(p.dtype, p.head_dim)) return 0;
+  return split_workspace_bytes(p, plan_forward(p));
+}
+
+void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, const Tensor& v, const Tensor& out_in,
+             const Tensor* lse_in, Workspace workspace, Stream stream) {
   const char* call = "fa4::forward";
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;  // no output element
-  const int row = forced_fwd_row >= 0 ? forced_fwd_row : fwd_row(int(p.head_dim), p.seqlen_q);
+  const FwdPlan plan = plan_forward(p);
+  const int row = plan.row;
   if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
     throw Error(Status::invalid_argument, std::string(call) + ": tile-table row " + std::to_string(row) +
                                               " is not a row of head dim " + std::to_string(p.head_dim));
   const FwdTile& tile = kFwdTiles[row];
   const uint32_t block_m = uint32_t(tile.block_m);
-  const int64_t num_m_blocks = (p.seqlen_q + block_m - 1) / block_m;
-  const int64_t num_tiles = num_m_blocks * p.heads_q * p.batch;
+  const int64_t num_tiles = plan.num_tiles * plan.splits;
   if (num_tiles > kMaxIndex / 2)  // the dynamic scheduler hands out up to grid + num_tiles indices
-    unsupported(call, "q", "at most 2^30 query tiles of " + std::to_string(block_m) + " rows (batch·heads·tiles)",
+    unsupported(call, "q", "at most 2^30 query tiles of " + std::to_string(block_m) + " rows (batch·heads·tiles·splits)",
                 std::to_string(num_tiles));
+  const bool split = plan.splits > 1;
+  const Tensor q = plan.pack_gqa ? packed_rows(q_in, p.group()) : q_in;
+  const Tensor out = plan.pack_gqa ? packed_rows(out_in, p.group()) : out_in;
+  std::optional<Tensor> lse_packed;
+  if (lse_in != nullptr && plan.pack_gqa) lse_packed = packed_lse(*lse_in, p.group());
+  const Tensor* lse = lse_packed ? &*lse_packed : lse_in;
 
   // Everything below (tensor-map encoding included, which needs a current context) runs on the tensors'
   // device; cudaSetDevice also initialises its primary context. The caller's current device is restored.
   const DeviceGuard device(call, q.device_index);
+  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
 
   FwdParams params;
   const CoordSteps q_steps = map_tensor(q, p.head_dim, block_m, &params.q_map);
@@ -177,7 +262,8 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
     params.v_batch_step = v_steps.batch;
   }
   // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores.
-  if (tma_addressable(out)) {
+  // Split-KV writes fp32 partials instead (per thread), and the combine kernel writes out and lse.
+  if (!split && tma_addressable(out)) {
     map_tensor(out, p.head_dim, uint32_t(kWgmmaM), &params.out_map);
     params.out_tma = true;
   }
@@ -187,37 +273,55 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
   params.out_stride_h = out.stride[kHeads];
   params.out_pairs_aligned = reinterpret_cast<uintptr_t>(out.data) % 4 == 0 && out.stride[kBatch] % 2 == 0 &&
                              out.stride[kSeq] % 2 == 0 && out.stride[kHeads] % 2 == 0;
-  if (lse != nullptr) {
+  if (lse != nullptr && !split) {
     params.lse = static_cast<float*>(lse->data);
     params.lse_stride_b = lse->stride[0];
     params.lse_stride_h = lse->stride[1];
     params.lse_stride_s = lse->stride[2];
   }
-  if (p.sinks != nullptr) {
+  if (p.sinks != nullptr && !split) {  // with splits the sink joins in the combine, once
     params.sinks = static_cast<const float*>(p.sinks->data);
     params.sinks_stride = p.sinks->stride[0];
   }
-  params.seqlen_q = int32_t(p.seqlen_q);
+  params.seqlen_q = int32_t(plan.seqlen_q);
   params.seqlen_k = int32_t(p.seqlen_k);
-  params.group = int32_t(p.group());
-  params.order.num_m_blocks = int32_t(num_m_blocks);
-  params.order.heads_q = int32_t(p.heads_q);
+  params.group = int32_t(plan.group);
+  params.order.num_m_blocks = int32_t(plan.num_m_blocks);
+  params.order.heads_q = int32_t(plan.heads);
   params.order.batch = int32_t(p.batch);
-  // Causal-shaped work (a row sees more keys the later it is): longest-first through a counter. Windows and
-  // no mask: every tile costs about the same, a static stride over the persistent grid.
-  params.order.lpt = p.mask.right >= 0 && p.mask.left < 0;
+  params.order.num_splits = plan.splits;
+  // Causal-shaped work (a row sees more keys the later it is): longest-first through a counter. Windows, no mask
+  // and split-KV: every tile costs about the same, a static stride over the persistent grid.
+  params.order.lpt = p.mask.right >= 0 && p.mask.left < 0 && !plan.pack_gqa && !split;
   {  // LPT sections: as many (batch, head) pairs as have K and V together in half of L2
     const int64_t kv_bytes = std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(element_size(p.dtype)));
-    const int64_t pairs = p.heads_q * p.batch;
+    const int64_t pairs = plan.heads * p.batch;
     const int64_t l2_bytes = device_attribute(q.device_index, cudaDevAttrL2CacheSize).value_or(0);
     params.order.lpt_section = int32_t(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, pairs));
   }
-  params.mask = p.mask;
+  // The packed view's rows are query heads of one query position: no mask applies to them (see FwdPlan).
+  params.mask = plan.pack_gqa ? num::Mask::make(plan.seqlen_q, p.seqlen_k, false, -1, -1) : p.mask;
   params.score = num::ScoreTransform::make(p.scale, p.softcap);
   params.rescale_threshold = p.rescale_threshold;
   params.exp2_emulated_per16 = p.exp2_emulated_per16;
 
-  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
+  // Split partials: the caller's workspace, or stream-ordered memory (freed on every path).
+  std::optional<StreamOrderedBuffer> owned;
+  if (split) {
+    uint8_t* base = static_cast<uint8_t*>(workspace.data);
+    if (base == nullptr) {
+      owned.emplace(call, split_workspace_bytes(p, plan), cu_stream, "the split-KV partials");
+      base = static_cast<uint8_t*>(owned->get());
+    }
+    if (reinterpret_cast<uintptr_t>(base) % 256 != 0)
+      throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected a 256-byte aligned "
+                                                                "pointer, got address " +
+                                                std::to_string(reinterpret_cast<uintptr_t>(base)));
+    const size_t rows = size_t(plan.splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
+    params.o_partial = reinterpret_cast<float*>(base);
+    params.lse_partial = reinterpret_cast<float*>(base + (rows * size_t(p.head_dim) * 4 + 255) / 256 * 256);
+  }
+
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
@@ -233,12 +337,35 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
 #if FA4_TRACE
   params.trace = trace::begin_launch(
       "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
-          std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + " (row " + std::to_string(row) + ")",
+          std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + " (row " + std::to_string(row) + ")" +
+          (split ? " splits " + std::to_string(plan.splits) : "") + (plan.pack_gqa ? " gqa-packed" : ""),
       grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
   throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, params, grid, cu_stream),
                       "sm_90a forward launch failed");
   if (counter) counter->free(call);
+  if (split) {  // the combine runs on the unpacked view: partial rows are laid out the same in both
+    SplitCombineParams c;
+    c.o_partial = params.o_partial;
+    c.lse_partial = params.lse_partial;
+    c.num_splits = plan.splits;
+    c.batch = int32_t(p.batch), c.heads_q = int32_t(p.heads_q), c.seqlen_q = int32_t(p.seqlen_q);
+    c.head_dim = int32_t(p.head_dim);
+    c.out = out_in.data;
+    c.out_stride_b = out_in.stride[kBatch], c.out_stride_s = out_in.stride[kSeq], c.out_stride_h = out_in.stride[kHeads];
+    c.out_pairs_aligned = reinterpret_cast<uintptr_t>(out_in.data) % 4 == 0 && out_in.stride[kBatch] % 2 == 0 &&
+                          out_in.stride[kSeq] % 2 == 0 && out_in.stride[kHeads] % 2 == 0;
+    if (lse_in != nullptr) {
+      c.lse = static_cast<float*>(lse_in->data);
+      c.lse_stride_b = lse_in->stride[0], c.lse_stride_h = lse_in->stride[1], c.lse_stride_s = lse_in->stride[2];
+    }
+    if (p.sinks != nullptr) {
+      c.sinks = static_cast<const float*>(p.sinks->data);
+      c.sinks_stride = p.sinks->stride[0];
+    }
+    throw_if_cuda_error(call, launch_split_combine(p.dtype, c, cu_stream), "split-KV combine launch failed");
+  }
+  if (owned) owned->free(call);
 }
 
 }  // namespace fa4::sm90

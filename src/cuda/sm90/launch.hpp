@@ -42,10 +42,15 @@ class ScopedFwdRow {
   int previous_;
 };
 
-// Launches the forward on `stream` (asynchronous: no allocation, no synchronisation). The problem has been
-// validated and selected for sm90.
+// Bytes of workspace the forward needs: split-KV's fp32 partials (O and LSE per split and query row) when the
+// call splits its keys (Options::num_splits, or the fill rule with 0), else 0.
+size_t forward_workspace_bytes(const detail::Problem& p);
+
+// Launches the forward on `stream` (asynchronous, nothing synchronous): the kernel, and with split-KV the combine
+// kernel after it. Uses `workspace` when given (>= forward_workspace_bytes), else allocates what it needs
+// stream-ordered. The problem has been validated and selected for sm90.
 void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-             const Tensor* lse, Stream stream);
+             const Tensor* lse, Workspace workspace, Stream stream);
 
 // Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator, LSE·log2e, D).
 size_t backward_workspace_bytes(const detail::Problem& p);

@@ -56,7 +56,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     }
 
     const WorkTile tile = p.order.tile(linear);
-    const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile.m_block);
+    const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
     if (range.empty()) continue;  // the consumers write zeros without waiting for anything
     const int32_t kv_head = tile.head / p.group;
     // One K or V tile into its ring (K and V rings step together, on kv_stage).

@@ -39,6 +39,12 @@ struct FwdParams {
   const float* sinks = nullptr;
   int64_t sinks_stride = 0;
 
+  // Split-KV (order.num_splits > 1): each tile's O, normalised over its key range (fp32, [head_dim] per row),
+  // and its LSE go to partials of [num_splits][batch][heads][seqlen_q] rows instead of out and lse (then out_tma
+  // is false, lse and sinks null); split_combine.cu merges them.
+  float* o_partial = nullptr;
+  float* lse_partial = nullptr;
+
   int32_t seqlen_q = 0, seqlen_k = 0;
   int32_t group = 1;  // query heads per kv head: kv head = h / group
   // Work tiles: ceil(seqlen_q / block_m) query blocks × heads_q × batch, walked in `order` (scheduler.cuh).

@@ -30,15 +30,17 @@ class TileScheduler {
 };
 
 // K/V tiles [begin, end) that hold at least one key visible to a valid row of the tile: the union of the rows'
-// visible ranges (both ends are monotone in the row). Empty when seqlen_k is 0 or every row is masked out.
+// visible ranges (both ends are monotone in the row). Empty when seqlen_k is 0 or every row is masked out. With
+// split-KV the union is cut into order.num_splits ranges of whole tiles, as even as they go (the last ones may
+// be empty when the union has fewer tiles than splits).
 struct KvTileRange {
   int32_t begin = 0, end = 0;
   __device__ __forceinline__ bool empty() const { return end <= begin; }
 };
 
 template <int BlockM, int BlockN>
-__device__ __forceinline__ KvTileRange kv_tile_range(const FwdParams& p, int32_t m_block) {
-  const int64_t row0 = int64_t(m_block) * BlockM;
+__device__ __forceinline__ KvTileRange kv_tile_range(const FwdParams& p, const WorkTile& tile) {
+  const int64_t row0 = int64_t(tile.m_block) * BlockM;
   const int64_t row_last = (row0 + BlockM < p.seqlen_q ? row0 + BlockM : int64_t(p.seqlen_q)) - 1;
   const int64_t key_begin = p.mask.key_begin(row0);
   const int64_t key_end = p.mask.key_end(row_last);
@@ -46,8 +48,13 @@ __device__ __forceinline__ KvTileRange kv_tile_range(const FwdParams& p, int32_t
   if (key_end <= key_begin || p.seqlen_k == 0) return r;
   r.begin = int32_t(key_begin / BlockN);
   r.end = int32_t((key_end + BlockN - 1) / BlockN);
+  if (p.order.num_splits > 1) {
+    const int32_t n = r.end - r.begin, splits = p.order.num_splits;
+    const int32_t first = r.begin;
+    r.begin = first + int32_t(int64_t(n) * tile.split / splits);
+    r.end = first + int32_t(int64_t(n) * (tile.split + 1) / splits);
+  }
   return r;
 }
-
 
 }  // namespace fa4::sm90

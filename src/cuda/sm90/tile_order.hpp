@@ -6,6 +6,8 @@
 //                        other; inside a section query blocks slowest and last first (the longest rows first),
 //                        then the pairs. Longest-first over the whole problem would stream every head's K/V
 //                        through L2 at once.
+// Split-KV (num_splits > 1, never with LPT): each tile is split into num_splits key ranges, the split index
+// fastest, so a tile's ranges run at the same time and share its Q in L2.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@ struct WorkTile {
   int32_t m_block;  // query rows [block_m·m_block, block_m·(m_block + 1))
   int32_t head;     // query head
   int32_t batch;
+  int32_t split = 0;  // key range of num_splits (split-KV); 0 without
 };
 
 struct TileOrder {
@@ -26,13 +29,18 @@ struct TileOrder {
   int32_t batch = 0;
   bool lpt = false;         // the causal order
   int32_t lpt_section = 1;  // (batch, head) pairs per section, >= 1
+  int32_t num_splits = 1;   // key ranges per tile (> 1 only in the static order)
 
-  FA4_HD int32_t num_tiles() const { return num_m_blocks * heads_q * batch; }
+  FA4_HD int32_t num_tiles() const { return num_m_blocks * heads_q * batch * num_splits; }
 
   // Tile `linear` (0 <= linear < num_tiles()).
   FA4_HD WorkTile tile(int32_t linear) const {
     WorkTile t;
-    const uint32_t n = uint32_t(linear);
+    uint32_t n = uint32_t(linear);
+    if (num_splits > 1) {
+      t.split = int32_t(n % uint32_t(num_splits));
+      n /= uint32_t(num_splits);
+    }
     if (lpt) {
       const uint32_t pairs = uint32_t(heads_q) * uint32_t(batch), blocks = uint32_t(num_m_blocks);
       const uint32_t first_pair = n / (uint32_t(lpt_section) * blocks) * uint32_t(lpt_section);
