@@ -198,9 +198,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     (out, lse) with return_lse=True; lse is float32 [batch, heads, seqlen_q], natural log, and not
     differentiated. The backward (autograd) runs the library's backward on the same device and stream rules.
     learnable_sink (FlashAttention-4's name; gpt-oss's sinks): float32 [heads] logits, one per query head, that
-    join every row's softmax denominator as a key of value zero (lse includes them); differentiable. CPU tensors
-    only in this version (CUDA raises fa4.UnsupportedError). num_splits: split-KV ranges for the forward (0: the
-    backend's choice; n: n key ranges merged by their LSE, the same result up to rounding); the backward is the
+    join every row's softmax denominator as a key of value zero (lse includes them); differentiable, on CPU and
+    CUDA tensors. num_splits: split-KV ranges for the forward (0: the backend's choice; n: n key ranges merged by their LSE, the same result up to rounding); the backward is the
     unsplit one whatever it is."""
     call = "fa4.flash_attn_func"
     _check_tensors(call, (q, k, v), 4, "[batch, seqlen, heads, head_dim]")

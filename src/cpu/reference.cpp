@@ -119,7 +119,7 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
       const auto kmat = load_head<Acc>(k, b, hk, p.seqlen_k, d);
       const auto vmat = load_head<Acc>(v, b, hk, p.seqlen_k, d);
       std::vector<Acc> dkacc(static_cast<size_t>(p.seqlen_k * d), 0), dvacc(static_cast<size_t>(p.seqlen_k * d), 0);
-      std::vector<Acc> qrow(d), dorow(d), dqrow(d), s(p.seqlen_k), t(p.seqlen_k), dp(p.seqlen_k);
+      std::vector<Acc> qrow(d), dorow(d), dqrow(d), o(d), s(p.seqlen_k), t(p.seqlen_k), dp(p.seqlen_k);
       for (int64_t h = hk * p.group(); h < (hk + 1) * p.group(); ++h) {
         const Acc sink = static_cast<Acc>(sink_logit(p, h));
         Acc dsink = 0;  // -sum_i P_i,sink D_i (the sink's value is zero, so its dP is 0)
@@ -131,7 +131,11 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
           if (mx != -std::numeric_limits<Acc>::infinity()) {
             Acc l = std::exp(sink - mx);
             for (int64_t j = 0; j < p.seqlen_k; ++j) l += std::exp(s[j] - mx);
-            Acc dsum = 0;  // D_i = sum_j P_ij dP_ij (= dO_i . O_i)
+            // D_i = sum_j P_ij dP_ij = dO_i . O_i. In storage precision it is taken from O rounded to the dtype,
+            // as any backward given the stored output computes it: with a sink (P_ij < 1 for a lone key) dP - D
+            // cancels, and that rounding is most of a straightforward backward's error there.
+            Acc dsum = 0;
+            std::fill(o.begin(), o.end(), Acc(0));
             for (int64_t j = 0; j < p.seqlen_k; ++j) {
               s[j] = rnd(std::exp(s[j] - mx) / l);  // P
               if (s[j] == 0) {
@@ -141,8 +145,14 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
               Acc acc = 0;
               for (int64_t c = 0; c < d; ++c) acc += dorow[c] * vmat[j * d + c];
               dp[j] = rnd(acc);
-              dsum += s[j] * dp[j];
+              if (rnd.active) {
+                for (int64_t c = 0; c < d; ++c) o[c] += s[j] * vmat[j * d + c];
+              } else {
+                dsum += s[j] * dp[j];
+              }
             }
+            if (rnd.active)
+              for (int64_t c = 0; c < d; ++c) dsum += dorow[c] * rnd(o[c]);
             dsink -= std::exp(sink - mx) / l * dsum;
             for (int64_t j = 0; j < p.seqlen_k; ++j) {
               if (s[j] == 0) continue;

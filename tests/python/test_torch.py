@@ -207,8 +207,14 @@ def sink_attention(q, k, v, sink, causal=False):
         rows = torch.arange(sq)[:, None] + (sk - sq)
         s = s.masked_fill(torch.arange(sk)[None, :] > rows, float("-inf"))
     logits = torch.cat([s, sink[None, :, None, None].expand(s.shape[0], -1, s.shape[2], 1)], dim=-1)
-    p = torch.softmax(logits, dim=-1)[..., :-1]
-    return torch.einsum("bhqk,bkhd->bqhd", p, v), torch.logsumexp(logits, dim=-1)
+    # A row that sees no key and has a sink of -inf has nothing in its softmax: out 0, lse -inf, zero gradients
+    # (torch.softmax would give NaN there), so the softmax is spelled out with a guarded max and denominator.
+    m = logits.amax(dim=-1, keepdim=True).detach()
+    m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+    e = torch.exp(logits - m)
+    l = e.sum(dim=-1, keepdim=True)
+    p = (e / torch.where(l == 0, torch.ones_like(l), l))[..., :-1]
+    return torch.einsum("bhqk,bkhd->bqhd", p, v), (m + torch.log(l)).squeeze(-1)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -23,13 +23,14 @@
 namespace fa4::sm90 {
 
 // by_tma: stage and store by TMA (p.out_tma, and the tile had visible keys). release_q: O is staged in Q's rows;
-// once the store has read them, this warpgroup releases Q to the producer.
+// once the store has read them, this warpgroup releases Q to the producer. no_key: the tile saw no key, so its
+// LSE is the sink itself (exactly: m = sink·log2e and back through ln 2 would be off by an ulp) or -inf.
 template <ptx::WgmmaInput In, int Row>
 __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStorage<Row>& smem,
                                               const WorkTile& tile, int consumer,
                                               ConsumerStages<FwdConfig<Row>::kStages>& st, bool by_tma,
-                                              bool release_q, ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o,
-                                              RowState& rows) {
+                                              bool release_q, bool no_key,
+                                              ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows) {
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
   constexpr int kBlockM = Config::kBlockM;
@@ -44,10 +45,10 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
   for (int h = 0; h < 2; ++h) {
     const num::RowFinal fin = num::finalize_row(rows.m[h], quad_sum(rows.l[h]));
     inv_l[h] = fin.inv_l;
-    lse[h] = fin.lse;
+    lse[h] = no_key && p.sinks != nullptr ? p.sinks[tile.head * p.sinks_stride] : fin.lse;
     const int64_t r = row0 + 8 * h;
     if (p.lse != nullptr && thread % 4 == 0 && r < p.seqlen_q)
-      p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = fin.lse;
+      p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = lse[h];
   }
 
   if (p.o_partial != nullptr) {  // split-KV: this key range's O / l and LSE in fp32, for the combine kernel

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Decode benchmark (issue 12): one query token per sequence against a long contiguous KV cache, fa4 beside SDPA
+cuDNN in one process on one GPU, as a fraction of a device copy's bandwidth measured in the same run.
+
+Implementations: fa4 (num_splits 0: the library's fill rule, GQA packing), fa4-nosplit (num_splits 1: one CTA per
+(sequence, head) walks all keys; the pre-split kernel's behaviour), sdpa-cudnn (torch SDPA's cuDNN backend on
+[b, h, s, d] views with enable_gqa, else on K/V expanded to the query heads: a note says which).
+
+Shapes: bf16, d = 128, 32 query / 8 kv heads, seqlen_q = 1; (batch, seqlen_k) from --shapes.
+Timing: N calls captured in one CUDA graph, cycling over enough separate K/V sets that a cycle reads more than
+2x L2 (no call finds its K/V in L2), replayed after a warm-up; per call = the replay's event time / N, the median
+of --reps replays. This is the end-to-end cost of a call from a graph (launches of the split and combine kernels
+included), without the host.
+Bandwidth: K and V bytes of one call / its time (gbps), and bw_fraction = gbps / the copy rate (read + write
+bytes of a 2 GiB device-to-device copy, / its time, in the same run). A pure read stream can pass 1.0.
+Correctness: each implementation's output on the first set (its first two sequences) is compared with SDPA's
+math backend in fp32 on the upcast inputs (relative L2 error <= 2e-2, finite) before it is timed; a failure is reported and not timed.
+
+Rows ("pass": "decode"): impl, dtype, d, batch, heads, heads_kv, seqlen_q, seqlen_k, page_size (0: contiguous),
+us, gbps, bw_fraction. Writes --out/<date>-<commit>-decode.json and .md; prints the markdown.
+
+  PYTHONPATH=python FA4_LIBRARY=build-sm90/libfa4.so python3 bench/decode_bench.py --commit <sha>
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+import fa4  # noqa: E402
+
+DEFAULT_SHAPES = "1x1024,1x4096,1x8192,1x32768,1x131072,8x4096,8x16384,8x65536,64x4096,64x32768"
+HEADS, HEADS_KV, D = 32, 8, 128
+IMPLS = ("fa4", "fa4-nosplit", "sdpa-cudnn")
+
+
+def parse_shapes(text):
+    shapes = []
+    for item in text.split(","):
+        b, _, s = item.strip().partition("x")
+        if not b.isdigit() or not s.isdigit() or int(b) < 1 or int(s) < 1:
+            raise argparse.ArgumentTypeError(f"expected BATCHxSEQLEN_K items such as 1x4096, got {item!r}")
+        shapes.append((int(b), int(s)))
+    return shapes
+
+
+def copy_gbps(reps):
+    n = 1 << 30  # 2 GiB of bf16
+    src = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    del src, dst
+    return 2 * n * 2 / sorted(times)[len(times) // 2] / 1e9
+
+
+def sdpa_cudnn(q, k, v, note):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    bhsd = [x.transpose(1, 2) for x in (q, k, v)]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        if note.get("gqa", True):
+            try:
+                return torch.nn.functional.scaled_dot_product_attention(*bhsd, enable_gqa=True).transpose(1, 2)
+            except RuntimeError as e:
+                note["gqa"] = False
+                note["why"] = str(e).splitlines()[0][:160]
+        group = q.shape[2] // k.shape[2]
+        kx, vx = (t.repeat_interleave(group, dim=1) for t in bhsd[1:])
+        return torch.nn.functional.scaled_dot_product_attention(bhsd[0], kx, vx).transpose(1, 2)
+
+
+def reference(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    group = q.shape[2] // k.shape[2]
+    qf, kf, vf = (x.float().transpose(1, 2) for x in (q, k, v))
+    kf, vf = (t.repeat_interleave(group, dim=1) for t in (kf, vf))
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.nn.functional.scaled_dot_product_attention(qf, kf, vf).transpose(1, 2)
+
+
+def time_graph(fn, sets, calls, reps):
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(len(sets)):  # warm-up outside the capture (workspace, cuDNN plans)
+            fn(*sets[i])
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*sets[i % len(sets)])
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / calls)
+    del graph
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES),
+                    help=f"comma-separated BATCHxSEQLEN_K (default {DEFAULT_SHAPES})")
+    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--calls", type=int, default=20, help="calls per graph (default 20)")
+    ap.add_argument("--reps", type=int, default=7, help="graph replays; the median is reported (default 7)")
+    ap.add_argument("--commit", default="unknown")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    a = ap.parse_args()
+    impls = [x.strip() for x in a.impls.split(",") if x.strip()]
+    for x in impls:
+        if x not in IMPLS:
+            ap.error(f"--impls: unknown implementation {x!r}; expected a subset of {','.join(IMPLS)}")
+    if a.calls < 1 or a.reps < 1:
+        ap.error(f"--calls and --reps: expected >= 1, got {a.calls} and {a.reps}")
+    if not torch.cuda.is_available():
+        sys.exit("decode_bench.py: needs a CUDA GPU (torch.cuda.is_available() is False)")
+
+    props = torch.cuda.get_device_properties(0)
+    l2 = getattr(props, "L2_cache_size", 50 << 20)
+    copy = copy_gbps(a.reps)
+    print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
+    fns = {"fa4": lambda q, k, v: fa4.flash_attn_func(q, k, v, num_splits=0),
+           "fa4-nosplit": lambda q, k, v: fa4.flash_attn_func(q, k, v, num_splits=1)}
+    sdpa_note = {}
+    fns["sdpa-cudnn"] = lambda q, k, v: sdpa_cudnn(q, k, v, sdpa_note)
+    rows, notes = [], []
+    for batch, seqlen_k in a.shapes:
+        kv_bytes = 2 * batch * seqlen_k * HEADS_KV * D * 2
+        nsets = max(1, min(a.calls, math.ceil(2 * l2 / kv_bytes) + 1))
+        gen = torch.Generator(device="cuda").manual_seed(batch * 1000003 + seqlen_k)
+        sets = [tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
+                      for shape in ((batch, 1, HEADS, D), (batch, seqlen_k, HEADS_KV, D), (batch, seqlen_k, HEADS_KV, D)))
+                for _ in range(nsets)]
+        checked = min(batch, 2)  # the fp32 reference of the first two sequences (b = 64 in fp32 would not fit)
+        want = reference(*(t[:checked] for t in sets[0]))
+        for impl in impls:
+            label = f"{impl} b={batch} s_k={seqlen_k}"
+            try:
+                got = fns[impl](*sets[0])[:checked].float()
+                err = ((got - want).norm() / want.norm()).item()
+                if not math.isfinite(err) or not torch.isfinite(got).all() or err > 2e-2:
+                    notes.append(f"{label}: FAILED the check (relative L2 error {err:.3g}); not timed")
+                    continue
+                us = time_graph(fns[impl], sets, a.calls, a.reps)
+            except Exception as e:  # a peer that cannot run this shape: a note, no row
+                notes.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+                continue
+            gbps = kv_bytes / (us * 1e-6) / 1e9
+            rows.append({"impl": impl, "pass": "decode", "dtype": "bf16", "d": D, "batch": batch, "heads": HEADS,
+                         "heads_kv": HEADS_KV, "seqlen_q": 1, "seqlen_k": seqlen_k, "page_size": 0,
+                         "us": round(us, 2), "gbps": round(gbps, 1), "bw_fraction": round(gbps / copy, 3),
+                         "rel_err": float(f"{err:.3g}")})
+            print(f"{label}: {us:.1f} us, {gbps:.0f} GB/s, {gbps / copy:.0%} of copy", flush=True)
+        del sets, want
+        torch.cuda.empty_cache()
+    if "sdpa-cudnn" in impls and sdpa_note.get("gqa") is False:
+        notes.append(f"sdpa-cudnn ran on K/V expanded to the query heads (enable_gqa refused: {sdpa_note['why']}); "
+                     f"its bandwidth counts the unexpanded bytes")
+
+    date = datetime.date.today().isoformat()
+    result = {"commit": a.commit, "gpu": props.name, "date": date, "copy_gbps": round(copy, 1),
+              "calls_per_graph": a.calls, "reps": a.reps, "rows": rows, "notes": notes}
+    os.makedirs(a.out, exist_ok=True)
+    stem = os.path.join(a.out, f"{date}-{a.commit[:7]}-decode")
+    with open(stem + ".json", "w") as f:
+        json.dump(result, f, indent=1)
+    lines = [f"# Decode, {props.name}, commit {a.commit[:7]}, {date}",
+             f"bf16, d = {D}, {HEADS}/{HEADS_KV} heads, one query, contiguous cache; CUDA-graph replay, {a.calls} calls "
+             f"per graph, median of {a.reps}; copy {copy:.0f} GB/s.", "",
+             "| batch | s_k | " + " | ".join(f"{x} µs (of copy)" for x in impls) + " |",
+             "|---|---|" + "---|" * len(impls)]
+    for batch, seqlen_k in a.shapes:
+        cells = []
+        for impl in impls:
+            r = [x for x in rows if x["impl"] == impl and x["batch"] == batch and x["seqlen_k"] == seqlen_k]
+            cells.append(f"{r[0]['us']:.1f} ({r[0]['bw_fraction']:.0%})" if r else "—")
+        lines.append(f"| {batch} | {seqlen_k} | " + " | ".join(cells) + " |")
+    lines += [""] + [f"- {n}" for n in notes]
+    with open(stem + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 2 if any("FAILED" in n and n.startswith("fa4") for n in notes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
