@@ -107,7 +107,7 @@ void forward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, co
 // dsinks (with p.dsinks): per (b, h) the partial sums, added over the batch after the parallel loop.
 template <class Acc>
 void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                   const Tensor& dq, const Tensor& dk, const Tensor& dv, const Rounder& rnd) {
+                   const Tensor& dq, const Tensor& dk, const Tensor& dv, const Rounder& rnd, const Tensor* given_out) {
   std::vector<double> partial(p.dsinks ? static_cast<size_t>(p.batch * p.heads_q) : 0);
   std::vector<double>* const dsink_partial = p.dsinks ? &partial : nullptr;
   const int64_t d = p.head_dim;
@@ -133,7 +133,8 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
             for (int64_t j = 0; j < p.seqlen_k; ++j) l += std::exp(s[j] - mx);
             // D_i = sum_j P_ij dP_ij = dO_i . O_i. In storage precision it is taken from O rounded to the dtype,
             // as any backward given the stored output computes it: with a sink (P_ij < 1 for a lone key) dP - D
-            // cancels, and that rounding is most of a straightforward backward's error there.
+            // cancels, and that rounding is most of a straightforward backward's error there. A given output
+            // replaces both.
             Acc dsum = 0;
             std::fill(o.begin(), o.end(), Acc(0));
             for (int64_t j = 0; j < p.seqlen_k; ++j) {
@@ -145,14 +146,19 @@ void backward_impl(const detail::Problem& p, const Tensor& q, const Tensor& k, c
               Acc acc = 0;
               for (int64_t c = 0; c < d; ++c) acc += dorow[c] * vmat[j * d + c];
               dp[j] = rnd(acc);
+              if (given_out) continue;
               if (rnd.active) {
                 for (int64_t c = 0; c < d; ++c) o[c] += s[j] * vmat[j * d + c];
               } else {
                 dsum += s[j] * dp[j];
               }
             }
-            if (rnd.active)
+            if (given_out) {
+              load_row(*given_out, b, i, h, d, o.data());
+              for (int64_t c = 0; c < d; ++c) dsum += dorow[c] * o[c];
+            } else if (rnd.active) {
               for (int64_t c = 0; c < d; ++c) dsum += dorow[c] * rnd(o[c]);
+            }
             dsink -= std::exp(sink - mx) / l * dsum;
             for (int64_t j = 0; j < p.seqlen_k; ++j) {
               if (s[j] == 0) continue;
@@ -202,11 +208,11 @@ void reference_forward(const detail::Problem& p, const Tensor& q, const Tensor& 
 
 void reference_backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                        Precision precision) {
+                        Precision precision, const Tensor* given_out) {
   if (precision == Precision::exact)
-    backward_impl<double>(p, q, k, v, dout, dq, dk, dv, Rounder{p.dtype, false});
+    backward_impl<double>(p, q, k, v, dout, dq, dk, dv, Rounder{p.dtype, false}, given_out);
   else
-    backward_impl<float>(p, q, k, v, dout, dq, dk, dv, Rounder{p.dtype, true});
+    backward_impl<float>(p, q, k, v, dout, dq, dk, dv, Rounder{p.dtype, true}, given_out);
 }
 
 double reference_forward_row(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,

@@ -18,10 +18,12 @@ enum class Precision { exact, storage };
 void reference_forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                        const Tensor& out, const Tensor* lse, Precision precision = Precision::exact);
 
-// Recomputes the softmax itself (it does not read the forward's O or LSE).
+// Recomputes the softmax itself (it does not read the forward's LSE). D = rowsum(dO ∘ O) comes from given_out
+// when one is passed (the gradient of a backward handed that stored output: what a kernel under test is given,
+// so the forward's rounding of O stays out of the backward's comparison), else from the recomputed O.
 void reference_backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& dout, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                        Precision precision = Precision::exact);
+                        Precision precision = Precision::exact, const Tensor* given_out = nullptr);
 
 // One output row (b, h, i) of the exact forward, for spot checks of large runs (`fa4 run`). out_row has
 // head_dim entries; returns the row's LSE.

@@ -187,6 +187,44 @@ TEST(Sinks, BackendGradientMatchesTheReference) {
   }
 }
 
+// The reference backward handed a stored output takes D from it: given the exact output it reproduces the
+// recomputed gradient, and given a perturbed one it moves dq by exactly the perturbation's effect on D.
+TEST(Sinks, ReferenceBackwardTakesDFromAGivenOutput) {
+  CaseSpec c;
+  c.dtype = DType::f32;
+  c.batch = 1, c.seqlen_q = 5, c.seqlen_k = 1, c.heads_q = 2, c.heads_kv = 1, c.head_dim = 8;
+  c.seed = 12;
+  fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c);
+  const Vector sinks({-2.0f, 1.0f});
+  Options o = c.options;
+  o.sinks = &sinks.desc;
+  const auto p = fa4::detail::validate_inputs("test", in.q.desc(), in.k.desc(), in.v.desc(), o);
+  const std::array<int64_t, 4> qshape{1, 5, 2, 8}, kshape{1, 1, 1, 8};
+  auto out = HostTensor::make(DType::f64, qshape);
+  fa4::cpu::reference_forward(p, in.q.desc(), in.k.desc(), in.v.desc(), out.desc(), nullptr);
+  auto dq = HostTensor::make(DType::f64, qshape), dq_given = HostTensor::make(DType::f64, qshape);
+  auto dk = HostTensor::make(DType::f64, kshape), dv = HostTensor::make(DType::f64, kshape);
+  fa4::cpu::reference_backward(p, in.q.desc(), in.k.desc(), in.v.desc(), in.dout.desc(), dq.desc(), dk.desc(),
+                               dv.desc());
+  fa4::cpu::reference_backward(p, in.q.desc(), in.k.desc(), in.v.desc(), in.dout.desc(), dq_given.desc(), dk.desc(),
+                               dv.desc(), fa4::cpu::Precision::exact, &out.desc());
+  const std::vector<double> a = dq.values(), b = dq_given.values();
+  for (size_t e = 0; e < a.size(); ++e) EXPECT_NEAR(a[e], b[e], 1e-12 * (1 + std::fabs(a[e]))) << e;
+  // O[0, 0, 0, 0] += 1 changes D of row (0, head 0) by dO[0, 0, 0, 0]: dq of that row moves by
+  // -P·ΔD·k·scale with P the row's lone key's probability, and no other row moves.
+  static_cast<double*>(out.desc().data)[0] += 1.0;
+  fa4::cpu::reference_backward(p, in.q.desc(), in.k.desc(), in.v.desc(), in.dout.desc(), dq_given.desc(), dk.desc(),
+                               dv.desc(), fa4::cpu::Precision::exact, &out.desc());
+  const std::vector<double> moved = dq_given.values(), qv = in.q.values(), kv = in.k.values(), gv = in.dout.values();
+  double s = 0;
+  for (int c2 = 0; c2 < 8; ++c2) s += qv[size_t(c2)] * kv[size_t(c2)];
+  s *= p.scale;
+  const double prob = 1.0 / (1.0 + std::exp(-2.0 - s));
+  for (int c2 = 0; c2 < 8; ++c2)
+    EXPECT_NEAR(moved[size_t(c2)] - a[size_t(c2)], -prob * gv[0] * kv[size_t(c2)] * p.scale, 1e-9) << c2;
+  for (size_t e = 8; e < a.size(); ++e) EXPECT_NEAR(moved[e], a[e], 1e-12 * (1 + std::fabs(a[e]))) << e;
+}
+
 // Variable-length batches: the forward takes the sinks per sequence and the backward sums dsinks over them.
 TEST(Sinks, VarlenSumsTheGradientOverSequences) {
   const int64_t hq = 2, d = 32;
