@@ -9,6 +9,7 @@ import math
 import operator
 import os
 import pathlib
+import struct
 
 from .errors import ERROR_BY_STATUS, InternalError, InvalidArgumentError, LibraryNotFoundError
 
@@ -36,6 +37,10 @@ class Tensor(ctypes.Structure):
         ("shape", ctypes.c_int64 * 4),
         ("stride", ctypes.c_int64 * 4),
     ]
+
+
+if struct.calcsize("@Piiii4q4q") != ctypes.sizeof(Tensor) or Tensor.shape.offset != 24:
+    raise ImportError("fa4: the packed fa4_tensor layout does not match the Tensor structure on this platform")
 
 
 class Options(ctypes.Structure):
@@ -83,7 +88,7 @@ class KvCache(ctypes.Structure):
     ]
 
 
-_TENSOR_P = ctypes.POINTER(Tensor)
+_TENSOR_P = ctypes.c_char_p  # a packed fa4_tensor (tensor() below) or None
 _VARLEN_P = ctypes.POINTER(Varlen)
 _OPTIONS_P = ctypes.POINTER(Options)
 _KVCACHE_P = ctypes.POINTER(KvCache)
@@ -169,15 +174,27 @@ def library():
         f"with `cmake -S . -B build && cmake --build build --target fa4`, or set {LIBRARY_ENV_VAR} to its path.")
 
 
+_PACK_TENSOR = struct.Struct("@Piiii4q4q").pack  # fa4_tensor's layout (checked against Tensor at import)
+_ZEROS = (0, 0, 0, 0)
+
+
 def tensor(call, name, data_ptr, dtype, device, device_index, shape, strides):
-    """An fa4_tensor for an array of rank <= 4 (the C layer checks everything else and names `name`)."""
-    if len(shape) > 4:
+    """An fa4_tensor for an array of rank <= 4 (the C layer checks everything else and names `name`), packed into
+    bytes: a call passes it as the struct's address, and packing costs about half of filling a ctypes Structure,
+    per tensor of every call (issue 12's host cost)."""
+    rank = len(shape)
+    if rank == 4:
+        return _PACK_TENSOR(data_ptr or 0, dtype, device, device_index, 4, *shape, *strides)
+    if rank > 4:
         raise InvalidArgumentError(f"{call}: argument '{name}': expected rank 4 ([batch, seqlen, heads, head_dim]), "
-                                   f"got rank {len(shape)}")
-    t = Tensor(data=data_ptr, dtype=dtype, device=device, device_index=device_index, rank=len(shape))
-    t.shape[:len(shape)] = shape
-    t.stride[:len(strides)] = strides
-    return t
+                                   f"got rank {rank}")
+    return _PACK_TENSOR(data_ptr or 0, dtype, device, device_index, rank, *(tuple(shape) + _ZEROS)[:4],
+                        *(tuple(strides) + _ZEROS)[:4])
+
+
+def tensor_struct(packed):
+    """The Tensor structure of a packed descriptor (for struct fields that point at one: sinks, k_new, ...)."""
+    return Tensor.from_buffer_copy(packed)
 
 
 def window_bounds(call, window_size):
@@ -216,9 +233,9 @@ def options(call, softmax_scale=None, causal=False, window_left=-1, window_right
     o.softcap = _float(call, "softcap", softcap)
     o.deterministic = bool(deterministic)
     if sinks is not None:
-        o.sinks = ctypes.pointer(sinks)
+        o.sinks = ctypes.pointer(tensor_struct(sinks))
     if dsinks is not None:
-        o.dsinks = ctypes.pointer(dsinks)
+        o.dsinks = ctypes.pointer(tensor_struct(dsinks))
     if isinstance(num_splits, bool) or not hasattr(num_splits, "__index__") or \
             not -2**31 <= operator.index(num_splits) < 2**31:  # ctypes would wrap it silently
         raise InvalidArgumentError(f"{call}: argument 'num_splits': expected an int32 integer, got {num_splits!r}")
@@ -236,25 +253,21 @@ def _float(call, name, value):
     return value
 
 
-def _out(t):
-    return None if t is None else ctypes.byref(t)
-
-
 def forward(q, k, v, out, lse, options, workspace_ptr=None, workspace_bytes=0, stream=None):
     lib = library()
-    lib.check(lib.fa4_forward(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out), _out(lse),
+    lib.check(lib.fa4_forward(q, k, v, out, lse,
                               ctypes.byref(options), workspace_ptr, workspace_bytes, stream))
 
 
 def backward(q, k, v, out, dout, lse, dq, dk, dv, options, workspace_ptr=None, workspace_bytes=0, stream=None):
     lib = library()
-    tensors = [ctypes.byref(t) for t in (q, k, v, out, dout, lse, dq, dk, dv)]
+    tensors = (q, k, v, out, dout, lse, dq, dk, dv)
     lib.check(lib.fa4_backward(*tensors, ctypes.byref(options), workspace_ptr, workspace_bytes, stream))
 
 
 def forward_varlen(q, k, v, out, lse, varlen, options, workspace_ptr=None, workspace_bytes=0, stream=None):
     lib = library()
-    lib.check(lib.fa4_forward_varlen(ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out), _out(lse),
+    lib.check(lib.fa4_forward_varlen(q, k, v, out, lse,
                                      ctypes.byref(varlen), ctypes.byref(options), workspace_ptr, workspace_bytes,
                                      stream))
 
@@ -262,7 +275,7 @@ def forward_varlen(q, k, v, out, lse, varlen, options, workspace_ptr=None, works
 def backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, varlen, options, workspace_ptr=None, workspace_bytes=0,
                     stream=None):
     lib = library()
-    tensors = [ctypes.byref(t) for t in (q, k, v, out, dout, lse, dq, dk, dv)]
+    tensors = (q, k, v, out, dout, lse, dq, dk, dv)
     lib.check(lib.fa4_backward_varlen(*tensors, ctypes.byref(varlen), ctypes.byref(options), workspace_ptr,
                                       workspace_bytes, stream))
 
@@ -270,8 +283,8 @@ def backward_varlen(q, k, v, out, dout, lse, dq, dk, dv, varlen, options, worksp
 def forward_kvcache(q, k_cache, v_cache, out, lse, kvcache, options, workspace_ptr=None, workspace_bytes=0,
                     stream=None):
     lib = library()
-    lib.check(lib.fa4_forward_kvcache(ctypes.byref(q), ctypes.byref(k_cache), ctypes.byref(v_cache),
-                                      ctypes.byref(out), _out(lse), ctypes.byref(kvcache), ctypes.byref(options),
+    lib.check(lib.fa4_forward_kvcache(q, k_cache, v_cache,
+                                      out, lse, ctypes.byref(kvcache), ctypes.byref(options),
                                       workspace_ptr, workspace_bytes, stream))
 
 
@@ -279,7 +292,7 @@ def supports_kvcache(q, k_cache, v_cache, kvcache, options):
     """(status, reason), as supports() for forward_kvcache's arguments."""
     lib = library()
     reason = ctypes.create_string_buffer(1024)
-    status = lib.fa4_supports_kvcache(ctypes.byref(q), ctypes.byref(k_cache), ctypes.byref(v_cache),
+    status = lib.fa4_supports_kvcache(q, k_cache, v_cache,
                                       ctypes.byref(kvcache), ctypes.byref(options), reason, len(reason))
     return status, reason.value.decode(errors="replace")
 
@@ -287,7 +300,7 @@ def supports_kvcache(q, k_cache, v_cache, kvcache, options):
 def workspace_size(pass_, q, k, v, options):
     lib = library()
     size = ctypes.c_size_t(0)
-    lib.check(lib.fa4_workspace_size(pass_, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
+    lib.check(lib.fa4_workspace_size(pass_, q, k, v,
                                      ctypes.byref(options), ctypes.byref(size)))
     return size.value
 
@@ -297,6 +310,6 @@ def supports(pass_, q, k, v, options):
     inputs themselves (the reason says what is wrong)."""
     lib = library()
     reason = ctypes.create_string_buffer(1024)
-    status = lib.fa4_supports(pass_, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(options),
+    status = lib.fa4_supports(pass_, q, k, v, ctypes.byref(options),
                               reason, len(reason))
     return status, reason.value.decode(errors="replace")

@@ -89,10 +89,9 @@ def _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal, wind
     return grads, dsink, inputs, options
 
 
-@torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))
-def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: Optional[torch.Tensor],
-               softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-               deterministic: bool, num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: Optional[torch.Tensor],
+             softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+             deterministic: bool, num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32."""
     call = "fa4.flash_attn_func"
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
@@ -106,6 +105,22 @@ def forward_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink
         _capi.forward(*inputs, describe(call, "out", out), describe(call, "lse", lse), options, workspace,
                       workspace_bytes, _stream(q))
     return out, lse
+
+
+forward_op = torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))(_forward)
+
+
+def _plain_call(tensors):
+    """Whether a forward may skip the custom op's dispatch (about 15 us of host time per call) and run _forward
+    directly: nothing to differentiate, no tracing (torch.compile, export: fake tensors are subclasses), no
+    functorch transform. The op and _forward compute the same thing; the op is what those machineries need."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return False
+    return True
 
 
 @forward_op.register_fake
@@ -205,9 +220,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     _check_tensors(call, (q, k, v), 4, "[batch, seqlen, heads, head_dim]")
     _check_sink(call, learnable_sink)
     window_left, window_right = _capi.window_bounds(call, window_size)
-    out, lse = forward_op(q, k, v, learnable_sink, None if softmax_scale is None else float(softmax_scale),
-                          bool(causal), window_left, window_right, float(softcap), bool(deterministic),
-                          _int(call, "num_splits", num_splits))
+    op = _forward if _plain_call((q, k, v, learnable_sink)) else forward_op
+    out, lse = op(q, k, v, learnable_sink, None if softmax_scale is None else float(softmax_scale), bool(causal),
+                  window_left, window_right, float(softcap), bool(deterministic), _int(call, "num_splits", num_splits))
     return (out, lse) if return_lse else out
 
 
@@ -374,8 +389,8 @@ def forward_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     kvcache = _capi.KvCache(cache_seqlens=None if cache_seqlens is None else cache_seqlens.data_ptr(),
                             page_table=None if page_table is None else page_table.data_ptr(),
                             max_pages=0 if page_table is None else page_table.shape[1],
-                            k_new=None if new[0] is None else ctypes.pointer(new[0]),
-                            v_new=None if new[1] is None else ctypes.pointer(new[1]))
+                            k_new=None if new[0] is None else ctypes.pointer(_capi.tensor_struct(new[0])),
+                            v_new=None if new[1] is None else ctypes.pointer(_capi.tensor_struct(new[1])))
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
                             sinks=_sinks(call, learnable_sink), num_splits=num_splits)
     with _device_guard(q):

@@ -103,6 +103,27 @@ void validate(const TmaTensorSpec& s, uint32_t elem_bytes) {
          "-byte swizzle span");
 }
 
+static_assert(sizeof(TmaTensorSpec) == 120, "same_spec compares every field of TmaTensorSpec: add a new one there");
+bool same_spec(const TmaTensorSpec& a, const TmaTensorSpec& b) {
+  return a.data == b.data && a.dtype == b.dtype && a.rank == b.rank && a.dims == b.dims &&
+         a.strides_bytes == b.strides_bytes && a.box == b.box && a.swizzle == b.swizzle;
+}
+
+// The per-thread cache of encoded maps: round-robin replacement; thread-local, so no lock on the call path.
+struct EncodedMap {
+  TmaTensorSpec spec;
+  CUtensorMap map;
+  bool valid = false;
+};
+constexpr int kCachedMaps = 16;
+struct MapCache {
+  EncodedMap entries[kCachedMaps];
+  int next = 0;
+};
+thread_local MapCache map_cache;
+
+void encode(const TmaTensorSpec& spec, CUtensorMap* out);
+
 }  // namespace
 
 void make_tma_tensor_map(const TmaTensorSpec& spec, CUtensorMap* out) {
@@ -111,6 +132,23 @@ void make_tma_tensor_map(const TmaTensorSpec& spec, CUtensorMap* out) {
     fail("out (the CUtensorMap to encode into) must be 64-byte aligned, got address " +
          std::to_string(reinterpret_cast<uintptr_t>(out)) + " (" +
          std::to_string(reinterpret_cast<uintptr_t>(out) % 64) + " mod 64)");
+  MapCache& cache = map_cache;
+  for (const EncodedMap& e : cache.entries)
+    if (e.valid && same_spec(e.spec, spec)) {
+      *out = e.map;
+      return;
+    }
+  encode(spec, out);  // throws on a bad spec: nothing is cached then
+  EncodedMap& slot = cache.entries[cache.next];
+  cache.next = (cache.next + 1) % kCachedMaps;
+  slot.spec = spec;
+  slot.map = *out;
+  slot.valid = true;
+}
+
+namespace {
+
+void encode(const TmaTensorSpec& spec, CUtensorMap* out) {
   CUtensorMapDataType type;
   uint32_t elem_bytes = 2;
   switch (spec.dtype) {
@@ -151,5 +189,7 @@ void make_tma_tensor_map(const TmaTensorSpec& spec, CUtensorMap* out) {
          (msg != nullptr ? std::string(" (") + msg + ")" : std::string()));
   }
 }
+
+}  // namespace
 
 }  // namespace fa4::cuda

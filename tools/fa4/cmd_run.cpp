@@ -310,12 +310,21 @@ void run(const RunArgs& a) {
   if (a.host_cost_calls > 0) {
     // Host time per call (issue 12: an engine's CPU thread pays this per attention call): on the GPU backend the
     // library's launch path; on the CPU backend the call is the computation, so there is nothing separate to time.
-    if (cuda)
+    if (cuda) {
       fmt::print("host      forward {:8.2f} us per call ({} calls, not synchronized in between)\n",
                  gpu::host_us_per_call([&] { forward(gq->desc(), gk->desc(), gv->desc(), gout->desc(), &glse->desc(), opts); },
                                        a.host_cost_calls),
                  a.host_cost_calls);
-    else
+      // An engine sizes the workspace once and passes it (split-KV partials): no stream-ordered allocation.
+      if (const size_t bytes = workspace_size(Pass::forward, gq->desc(), gk->desc(), gv->desc(), opts); bytes > 0) {
+        const gpu::Buffer ws(bytes);
+        fmt::print("host      forward {:8.2f} us per call ({} calls, not synchronized in between; caller's workspace)\n",
+                   gpu::host_us_per_call([&] { forward(gq->desc(), gk->desc(), gv->desc(), gout->desc(), &glse->desc(), opts,
+                                                       ws.workspace()); },
+                                         a.host_cost_calls),
+                   a.host_cost_calls);
+      }
+    } else
       fmt::print("host      not measured: on the CPU backend the call is the computation\n");
   }
   HostTensor dout, dq, dk, dv;

@@ -22,13 +22,16 @@ constexpr ptx::WgmmaInput wgmma_input() {
   return Dtype == DType::bf16 ? ptx::WgmmaInput::bf16 : ptx::WgmmaInput::f16;
 }
 
+// Opts `kernel` in to `smem` bytes of dynamic shared memory on the current device, once per (kernel, device,
+// size) in the process: the attribute persists, and setting it is a driver call on every launch otherwise.
+cudaError_t opt_in_dynamic_smem(const void* kernel, uint32_t smem);
+
 // Launches a kernel that takes its parameters as one __grid_constant__ struct, with `smem` bytes of dynamic
 // shared memory (opted in first: above 48 KiB the attribute is required).
 template <class Params>
 cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint32_t threads, uint32_t smem,
                                      cudaStream_t stream, const Params& params, uint32_t cluster = 1) {
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-      e != cudaSuccess)
+  if (const cudaError_t e = opt_in_dynamic_smem(reinterpret_cast<const void*>(kernel), smem); e != cudaSuccess)
     return e;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(grid);
