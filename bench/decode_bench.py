@@ -121,7 +121,8 @@ def main():
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES),
                     help=f"comma-separated BATCHxSEQLEN_K (default {DEFAULT_SHAPES})")
-    ap.add_argument("--impls", default=",".join(IMPLS), help=f"comma-separated subset of {','.join(IMPLS)}")
+    ap.add_argument("--impls", default=",".join(IMPLS),
+                    help=f"comma-separated subset of {','.join(IMPLS)}, and fa4-sN: fa4 with N forced splits")
     ap.add_argument("--calls", type=int, default=20, help="calls per graph (default 20)")
     ap.add_argument("--reps", type=int, default=7, help="graph replays; the median is reported (default 7)")
     ap.add_argument("--commit", default="unknown")
@@ -129,8 +130,9 @@ def main():
     a = ap.parse_args()
     impls = [x.strip() for x in a.impls.split(",") if x.strip()]
     for x in impls:
-        if x not in IMPLS:
-            ap.error(f"--impls: unknown implementation {x!r}; expected a subset of {','.join(IMPLS)}")
+        if x not in IMPLS and not (x.startswith("fa4-s") and x[5:].isdigit() and int(x[5:]) >= 1):
+            ap.error(f"--impls: unknown implementation {x!r}; expected a subset of {','.join(IMPLS)}, or fa4-sN "
+                     f"(N >= 1 forced splits)")
     if a.calls < 1 or a.reps < 1:
         ap.error(f"--calls and --reps: expected >= 1, got {a.calls} and {a.reps}")
     if not torch.cuda.is_available():
@@ -142,6 +144,9 @@ def main():
     print(f"device copy: {copy:.0f} GB/s (read + write)", flush=True)
     fns = {"fa4": lambda q, k, v: fa4.flash_attn_func(q, k, v, num_splits=0),
            "fa4-nosplit": lambda q, k, v: fa4.flash_attn_func(q, k, v, num_splits=1)}
+    for x in impls:  # fa4-sN: N forced splits (the fill rule's alternatives, for choosing it from data)
+        if x.startswith("fa4-s"):
+            fns[x] = lambda q, k, v, n=int(x[5:]): fa4.flash_attn_func(q, k, v, num_splits=n)
     sdpa_note = {}
     fns["sdpa-cudnn"] = lambda q, k, v: sdpa_cudnn(q, k, v, sdpa_note)
     rows, notes = [], []

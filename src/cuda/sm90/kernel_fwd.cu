@@ -86,6 +86,10 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
     cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
     cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases);
+    // Split-KV's combine is launched as a programmatic dependent (split_combine.cu): it may start now, on the SMs
+    // this grid leaves free, and waits in cudaGridDependencySynchronize until this grid is done and its writes
+    // are visible, so its launch latency hides behind this kernel. Any other launch ignores the trigger.
+    cudaTriggerProgrammaticLaunchCompletion();
   }
   __syncthreads();
 

@@ -18,6 +18,8 @@ constexpr int kWarpsPerCta = 4;
 
 template <bool Bf16>
 __global__ void __launch_bounds__(32 * kWarpsPerCta) split_combine(const SplitCombineParams p) {
+  // Launched as a programmatic dependent of the forward: everything before this line overlaps its tail.
+  cudaGridDependencySynchronize();
   const int64_t row = int64_t(blockIdx.x) * kWarpsPerCta + threadIdx.x / 32;
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
   if (row >= rows) return;
@@ -56,12 +58,20 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) split_combine(const SplitCo
 cudaError_t launch_split_combine(DType dtype, const SplitCombineParams& p, cudaStream_t stream) {
   const int64_t rows = int64_t(p.batch) * p.heads_q * p.seqlen_q;
   if (rows == 0) return cudaSuccess;
-  const uint32_t grid = uint32_t((rows + kWarpsPerCta - 1) / kWarpsPerCta);
-  if (dtype == DType::bf16)
-    split_combine<true><<<grid, 32 * kWarpsPerCta, 0, stream>>>(p);
-  else
-    split_combine<false><<<grid, 32 * kWarpsPerCta, 0, stream>>>(p);
-  return cudaGetLastError();
+  // A programmatic dependent launch (PDL): the grid may be scheduled once every forward CTA has triggered (at
+  // its start), and cudaGridDependencySynchronize orders its reads after the whole forward grid. Stream order
+  // and CUDA-graph capture (a programmatic edge) are kept.
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(uint32_t((rows + kWarpsPerCta - 1) / kWarpsPerCta));
+  config.blockDim = dim3(32 * kWarpsPerCta);
+  config.stream = stream;
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &pdl;
+  config.numAttrs = 1;
+  return dtype == DType::bf16 ? cudaLaunchKernelEx(&config, split_combine<true>, p)
+                              : cudaLaunchKernelEx(&config, split_combine<false>, p);
 }
 
 }  // namespace fa4::sm90
