@@ -28,6 +28,17 @@ struct LseMerge {
       sum += std::exp(lse_s - max);
     }
   }
+  // Joins another accumulation's ranges (a parallel merge: each lane adds some ranges, then the lanes' states
+  // are joined pairwise); the same lse as adding them all here, up to rounding.
+  FA4_HD void add_state(T other_max, T other_sum) {
+    if (!(other_sum > T(0))) return;
+    if (other_max > max) {
+      sum = sum * std::exp(max - other_max) + other_sum;
+      max = other_max;
+    } else {
+      sum += other_sum * std::exp(other_max - max);
+    }
+  }
   FA4_HD void finish() { lse = sum > T(0) ? max + std::log(sum) : T(-INFINITY); }
   // The factor of range s's O in the merged O (0 for an empty range, and for every range of an empty row).
   FA4_HD T weight(T lse_s) const { return lse_s == T(-INFINITY) ? T(0) : std::exp(lse_s - lse); }

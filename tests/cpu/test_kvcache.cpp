@@ -54,6 +54,26 @@ TEST(SplitKv, MergeRuleByHand) {
   EXPECT_EQ(empty.weight(-INFINITY), 0.0);
 }
 
+// Joining per-lane states (the GPU combine's warp reduction) gives the sequential merge's lse, in any grouping,
+// with empty states and ranges among them.
+TEST(SplitKv, MergeStatesJoinLikeSequentialAdds) {
+  const double lses[] = {3.0, -INFINITY, 1000.0, -2.5, 999.5, -INFINITY, 0.25};
+  fa4::num::LseMerge<double> all;
+  for (double l : lses) all.add(l);
+  all.finish();
+  for (int cut = 0; cut <= 7; ++cut) {
+    fa4::num::LseMerge<double> a, b;
+    for (int i = 0; i < 7; ++i) (i < cut ? a : b).add(lses[i]);
+    a.add_state(b.max, b.sum);
+    a.finish();
+    EXPECT_NEAR(a.lse, all.lse, 1e-12) << "cut " << cut;
+  }
+  fa4::num::LseMerge<double> empty, other;
+  empty.add_state(other.max, other.sum);  // two empty states stay empty
+  empty.finish();
+  EXPECT_EQ(empty.lse, -INFINITY);
+}
+
 void expect_case(CaseSpec s) {
   s.backward = false;  // split-KV is forward only
   const fa4::testing::CaseResult r = fa4::testing::run_case(s);
