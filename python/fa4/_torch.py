@@ -89,30 +89,38 @@ def _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal, wind
     return grads, dsink, inputs, options
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: Optional[torch.Tensor],
-             softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
-             deterministic: bool, num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32."""
+def _forward_impl(q, k, v, learnable_sink, softmax_scale, causal, window_left, window_right, softcap, deterministic,
+                  num_splits, need_lse):
+    """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32 (None unless need_lse:
+    the library then writes none, and the call allocates one tensor less)."""
     call = "fa4.flash_attn_func"
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device) if need_lse else None
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
                             sinks=_sinks(call, learnable_sink), num_splits=num_splits)
     with _device_guard(q):
         _keep, workspace, workspace_bytes = _workspace(_capi.FORWARD, inputs, options, q.device)
-        _capi.forward(*inputs, describe(call, "out", out), describe(call, "lse", lse), options, workspace,
-                      workspace_bytes, _stream(q))
+        _capi.forward(*inputs, describe(call, "out", out), None if lse is None else describe(call, "lse", lse),
+                      options, workspace, workspace_bytes, _stream(q))
     return out, lse
+
+
+def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: Optional[torch.Tensor],
+             softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int, softcap: float,
+             deterministic: bool, num_splits: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32."""
+    return _forward_impl(q, k, v, learnable_sink, softmax_scale, causal, window_left, window_right, softcap,
+                         deterministic, num_splits, True)
 
 
 forward_op = torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))(_forward)
 
 
 def _plain_call(tensors):
-    """Whether a forward may skip the custom op's dispatch (about 15 us of host time per call) and run _forward
-    directly: nothing to differentiate, no tracing (torch.compile, export: fake tensors are subclasses), no
+    """Whether a forward may skip the custom op's dispatch (about 15 us of host time per call) and run
+    _forward_impl directly: nothing to differentiate, no tracing (torch.compile, export: fake tensors are subclasses), no
     functorch transform. The op and _forward compute the same thing; the op is what those machineries need."""
     if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
         return False
@@ -220,9 +228,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     _check_tensors(call, (q, k, v), 4, "[batch, seqlen, heads, head_dim]")
     _check_sink(call, learnable_sink)
     window_left, window_right = _capi.window_bounds(call, window_size)
-    op = _forward if _plain_call((q, k, v, learnable_sink)) else forward_op
-    out, lse = op(q, k, v, learnable_sink, None if softmax_scale is None else float(softmax_scale), bool(causal),
-                  window_left, window_right, float(softcap), bool(deterministic), _int(call, "num_splits", num_splits))
+    args = (q, k, v, learnable_sink, None if softmax_scale is None else float(softmax_scale), bool(causal),
+            window_left, window_right, float(softcap), bool(deterministic), _int(call, "num_splits", num_splits))
+    if _plain_call((q, k, v, learnable_sink)):
+        out, lse = _forward_impl(*args, need_lse=bool(return_lse))
+    else:
+        out, lse = forward_op(*args)
     return (out, lse) if return_lse else out
 
 

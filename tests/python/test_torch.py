@@ -73,6 +73,21 @@ def test_lse_is_not_differentiable():
     assert out.requires_grad and not lse.requires_grad
 
 
+def test_plain_call_matches_the_custom_op():
+    # Without gradients or tracing, flash_attn_func skips the op's dispatch: same bits as through the op (which a
+    # requires_grad input still takes, and which then records the backward).
+    q, k, v = random_tensors(2, 5, 7, 4, 2, 8, dtype=torch.float32, seed=3)
+    sink = torch.tensor([0.5, -1.0, 2.0, -3.0])
+    with torch.no_grad():
+        out, lse = fa4.flash_attn_func(q, k, v, causal=True, learnable_sink=sink, return_lse=True)
+        out_only = fa4.flash_attn_func(q, k, v, causal=True, learnable_sink=sink)
+    op_out, op_lse = torch.ops.fa4.forward(q, k, v, sink, None, True, -1, -1, 0.0, False, 0)
+    assert torch.equal(out, op_out) and torch.equal(lse, op_lse) and torch.equal(out_only, op_out)
+    qg = q.clone().requires_grad_(True)
+    out_grad = fa4.flash_attn_func(qg, k, v, causal=True, learnable_sink=sink)
+    assert out_grad.grad_fn is not None and torch.equal(out_grad.detach(), op_out)  # the op path: autograd recorded
+
+
 GRADCHECK_CASES = [
     ("mha", dict(batch=1, seqlen_q=3, seqlen_k=4, heads_q=2, heads_kv=2, head_dim=4), {}),
     ("causal_sq<sk", dict(batch=2, seqlen_q=3, seqlen_k=5, heads_q=1, heads_kv=1, head_dim=4), dict(causal=True)),
