@@ -9,7 +9,10 @@
 // (mma_softmax.cuh). d = 64 has three: its softmax costs twice as much per FLOP, and with two the tensor
 // core idled while both were in softmax (0.7–0.8× cuDNN, perf-log G6); three fit 160 registers each only
 // with 112-key tiles (128 spilled). Up to 1024 queries d = 64 keeps two (block_m 128): a 192-row tile pads
-// 12.5% of the rows at s = 512 and 1k and lost 5–16% there (perf-log G9). block_n (keys per K/V tile) is the
+// 12.5% of the rows at s = 512 and 1k and lost 5–16% there (perf-log G9). Up to 64 queries (decode: a GQA
+// group's query heads packed as rows) d = 128 has one consumer warpgroup, no turns and no setmaxnreg: the second
+// warpgroup of a 128-row tile had no real row, and still cost its GEMMs and softmax on every K/V tile, which
+// made a decode step compute-bound (3.3 us per 64 KiB K/V tile, perf-log F4). block_n (keys per K/V tile) is the
 // N of S = Q·Kᵀ; the head dim is the N of O += P·V.
 // A consumer thread holds S (block_n/2 fp32), P (block_n/4 b32: 4 per k-step of 16) and O (head_dim/2 fp32)
 // at once.
@@ -17,7 +20,8 @@
 // | head_dim | seqlen_q | block_m | block_n | stages | smem (Q + 2·stages K/V tiles) | accumulator regs / thread |
 // |    64    |  ≤ 1024  |   128   |   128   |   3    | 16 + 6·16 = 112 KiB           | 64 + 32 + 32 = 128        |
 // |    64    |  > 1024  |   192   |   112   |   3    | 24 + 6·14 = 108 KiB           | 56 + 28 + 32 = 116        |
-// |   128    |   any    |   128   |   128   |   2    | 32 + 4·32 = 160 KiB           | 64 + 32 + 64 = 160        |
+// |   128    |   ≤ 64   |    64   |   128   |   3    | 16 + 6·32 = 208 KiB           | 64 + 32 + 64 = 160        |
+// |   128    |   > 64   |   128   |   128   |   2    | 32 + 4·32 = 160 KiB           | 64 + 32 + 64 = 160        |
 // |   192    |   any    |   128   |    96   |   2    | 48 + 4·36 = 192 KiB           | 48 + 24 + 96 = 168        |
 // |   256    |   any    |   128   |    64   |   2    | 64 + 4·32 = 192 KiB           | 32 + 16 + 128 = 176       |
 //
@@ -41,6 +45,7 @@ struct FwdTile {
 inline constexpr FwdTile kFwdTiles[] = {
     {64, 128, 128, 3, 1024},
     {64, 192, 112, 3, 0},
+    {128, 64, 128, 3, 64},
     {128, 128, 128, 2, 0},
     {192, 128, 96, 2, 0},
     {256, 128, 64, 2, 0},
@@ -106,8 +111,11 @@ struct FwdConfig {
   // with 24 the producer's tile loop spills 16 B; the consumers need ~228 at d = 128. d = 256 holds a 128-float O
   // per thread and spilled 112 B under 232; with 24 / 240 the kernel spills 52 B (producer and consumer).
   // Three consumer warpgroups (512 threads) share the file as 32 / 160.
+  // One consumer warpgroup (256 threads) has up to 255 registers per thread at launch: no setmaxnreg.
+  static constexpr bool kSetMaxNReg = kConsumerWarpgroups > 1;
   static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : (kHeadDim >= 256 ? 24 : 40);
-  static constexpr int kConsumerRegisters = kConsumerWarpgroups == 3 ? 160 : (kHeadDim >= 256 ? 240 : 232);
+  static constexpr int kConsumerRegisters =
+      kConsumerWarpgroups == 1 ? 248 : kConsumerWarpgroups == 3 ? 160 : (kHeadDim >= 256 ? 240 : 232);
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
@@ -119,8 +127,8 @@ struct FwdConfig {
   static constexpr uint32_t kOTileBytes = kQTileBytes;
   static constexpr bool kSeparateOStaging = kTileBytes + kOTileBytes + 2048 + kSmemAlignSlack <= kSmemPerBlockMax;
 
-  static_assert(kConsumerWarpgroups >= 2 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
-                "the round-robin turns need two or three consumer warpgroups (NamedBarrier ids)");
+  static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
+                "one consumer warpgroup, or two or three taking round-robin turns (NamedBarrier ids)");
   static_assert(kWarpgroupThreads * (kProducerWarpgroups * kProducerRegisters +
                                      kConsumerWarpgroups * kConsumerRegisters) <= 65536,
                 "setmaxnreg budgets exceed the register file: an increase would wait forever");

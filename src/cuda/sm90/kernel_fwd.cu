@@ -95,11 +95,11 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (role_of(warpgroup) == Role::load) {
-    ptx::setmaxnreg_dec<Config::kProducerRegisters>();
+    if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_dec<Config::kProducerRegisters>();
     if (threadIdx.x / 32 == 0) load_role<Row>(p, smem);
     return;
   }
-  ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
+  if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
   consumer_role<In, Row>(p, smem, warpgroup - 1);
 }
 

@@ -62,17 +62,22 @@ template <int Consumers>
 class TensorCoreTurn {
  public:
   __device__ explicit TensorCoreTurn(int consumer) : consumer_(consumer) {}
+  // A lone consumer has the tensor core to itself: every turn is a no-op.
   __device__ void start() const {
-    if (consumer_ == Consumers - 1) ptx::named_barrier_arrive(barrier(0), kThreads);
+    if constexpr (Consumers > 1)
+      if (consumer_ == Consumers - 1) ptx::named_barrier_arrive(barrier(0), kThreads);
   }
-  __device__ void wait() const { ptx::named_barrier_sync(barrier(consumer_), kThreads); }
+  __device__ void wait() const {
+    if constexpr (Consumers > 1) ptx::named_barrier_sync(barrier(consumer_), kThreads);
+  }
   __device__ void hand_over(bool last_turn) const {
-    if (!(last_turn && consumer_ == Consumers - 1))
-      ptx::named_barrier_arrive(barrier((consumer_ + 1) % Consumers), kThreads);
+    if constexpr (Consumers > 1)
+      if (!(last_turn && consumer_ == Consumers - 1))
+        ptx::named_barrier_arrive(barrier((consumer_ + 1) % Consumers), kThreads);
   }
 
  private:
-  static_assert(Consumers >= 2 && Consumers <= kMaxConsumerWarpgroups, "named barrier ids for 2 or 3 consumers");
+  static_assert(Consumers >= 1 && Consumers <= kMaxConsumerWarpgroups, "named barrier ids for 1 to 3 consumers");
   static constexpr uint32_t kThreads = 2 * kWarpgroupThreads;  // the waiting warpgroup + the handing-over one
   __device__ static uint32_t barrier(int consumer) {
     return static_cast<uint32_t>(NamedBarrier::first_turn) + uint32_t(consumer);
