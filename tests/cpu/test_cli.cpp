@@ -127,6 +127,19 @@ TEST(Cli, TraceSaysWhatItNeeds) {
   EXPECT_FALSE(std::ifstream(dir + "/trace.json").good()) << "a failed trace wrote output";
 }
 
+// A decode shape with forced split-KV ranges: the forward splits (the problem line says so), the backward runs
+// unsplit (num_splits is forward-only), and both pass the check; a negative count is refused by name.
+TEST(Cli, RunTakesNumSplits) {
+  Result r = fa4("run --seqlen-q 1 --seqlen-k 300 --heads 4 --heads-kv 2 -d 32 --num-splits 3 --iters 1 --backend cpu");
+  EXPECT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(has(r, "splits=3")) << r.output;
+  EXPECT_TRUE(has(r, "check     PASS")) << r.output;
+  EXPECT_TRUE(has(r, "backward")) << r.output;
+  r = fa4("run --num-splits -1");
+  EXPECT_NE(r.code, 0);
+  EXPECT_TRUE(has(r, "--num-splits: must be >= 0, got -1")) << r.output;
+}
+
 // Bad command lines name what was given and what is allowed.
 TEST(Cli, BadArgumentsSayWhatIsAllowed) {
   Result r = fa4("run --seqlen -5");

@@ -95,6 +95,12 @@ constexpr double kSliceBudget = 2.2e9;
 // dQ, dK and dV of whole (batch, kv head) slices against the fp64 reference backward (cpu::reference_backward)
 // run on copies of those slices: a key's gradient needs the softmax of every query row, so the reference of a
 // slice costs one head's whole backward; the slices run in parallel, one per thread.
+// The backward takes the forward's options but num_splits (a forward-only option: the gradient is the unsplit one).
+Options backward_options(Options o) {
+  o.num_splits = 0;
+  return o;
+}
+
 void check_slices(const ProblemArgs& pa, DType dtype, const Options& opts, const HostTensor& q, const HostTensor& k,
                   const HostTensor& v, const HostTensor& dout, const HostTensor& dq, const HostTensor& dk,
                   const HostTensor& dv, const std::vector<std::pair<int64_t, int64_t>>& slices, GradError& eq,
@@ -159,6 +165,7 @@ void run_varlen(const RunArgs& a) {
   const ProblemArgs& pa = a.problem;
   const DType dtype = parse_dtype(pa.dtype);
   const Options opts = pa.options();
+  const Options bwd_opts = backward_options(opts);
   const std::vector<int64_t>& lens = a.varlen;
   std::vector<int32_t> cu{0};
   for (int64_t n : lens) {
@@ -216,7 +223,7 @@ void run_varlen(const RunArgs& a) {
     for (auto* t : {&dq, &dk, &dv}) t->poison();
     const double bsec = median_seconds([&] {
       backward_varlen(q3, k3, v3, out3, packed_view(dout), lse, packed_view(dq), packed_view(dk), packed_view(dv), vl,
-                      opts);
+                      bwd_opts);
     }, a.iters);
     print_timing("backward", bsec, fl_bwd, a.iters);
   }
@@ -263,6 +270,7 @@ void run(const RunArgs& a) {
   const DType dtype = parse_dtype(pa.dtype);
   const auto layout = parse_layout(pa.layout);
   const Options opts = pa.options();
+  const Options bwd_opts = backward_options(opts);
   const std::array<int64_t, 4> qs{pa.batch, pa.sq(), pa.heads, pa.head_dim}, ks{pa.batch, pa.sk(), pa.hkv(), pa.head_dim};
   auto q = HostTensor::make(dtype, qs, layout), k = HostTensor::make(dtype, ks, layout),
        v = HostTensor::make(dtype, ks, layout), out = HostTensor::make(dtype, qs, layout);
@@ -283,7 +291,7 @@ void run(const RunArgs& a) {
   if (a.backend != "cpu" && why.empty()) {
     gq = std::make_unique<gpu::Mirror>(q), gk = std::make_unique<gpu::Mirror>(k), gv = std::make_unique<gpu::Mirror>(v);
     const Support fwd = supports(Pass::forward, gq->desc(), gk->desc(), gv->desc(), opts);
-    gpu_bwd = supports(Pass::backward, gq->desc(), gk->desc(), gv->desc(), opts);
+    gpu_bwd = supports(Pass::backward, gq->desc(), gk->desc(), gv->desc(), bwd_opts);
     if (!fwd.ok)
       why = fwd.reason;
     else if (require_bwd && !gpu_bwd.ok)
@@ -336,10 +344,10 @@ void run(const RunArgs& a) {
     double sec = 0;
     if (cuda) {  // on the device O and LSE of the forward above; gradients and workspace NaN-poisoned
       const gpu::Mirror gdout(dout), gdq(dq), gdk(dk), gdv(dv);
-      const gpu::Buffer ws(workspace_size(Pass::backward, gq->desc(), gk->desc(), gv->desc(), opts));
+      const gpu::Buffer ws(workspace_size(Pass::backward, gq->desc(), gk->desc(), gv->desc(), bwd_opts));
       const auto call = [&] {
         backward(gq->desc(), gk->desc(), gv->desc(), gout->desc(), gdout.desc(), glse->desc(), gdq.desc(), gdk.desc(),
-                 gdv.desc(), opts, ws.workspace());
+                 gdv.desc(), bwd_opts, ws.workspace());
       };
       sec = gpu::median_ms(call, a.iters) * 1e-3;
       if (a.host_cost_calls > 0)
@@ -348,7 +356,7 @@ void run(const RunArgs& a) {
       gdq.copy_to(dq), gdk.copy_to(dk), gdv.copy_to(dv);
     } else {
       sec = median_seconds([&] {
-        backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), opts);
+        backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), bwd_opts);
       }, a.iters);
     }
     const double fl = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::backward);
@@ -387,7 +395,7 @@ void run(const RunArgs& a) {
     std::set<std::pair<int64_t, int64_t>> chosen{{pa.batch - 1, pa.hkv() - 1}};
     while (static_cast<int64_t>(chosen.size()) < n_slices) chosen.insert({int64_t(rng() % pa.batch), int64_t(rng() % pa.hkv())});
     const std::vector<std::pair<int64_t, int64_t>> slices(chosen.begin(), chosen.end());
-    check_slices(pa, dtype, opts, q, k, v, dout, dq, dk, dv, slices, eq, ek, ev);
+    check_slices(pa, dtype, bwd_opts, q, k, v, dout, dq, dk, dv, slices, eq, ek, ev);
   } else if (do_bwd && pa.sk() > 0) {
     fmt::print("check     dK, dV not checked: the fp64 reference of one (batch, kv head) slice is {:.1e} multiply-adds "
                "here (limit {:.1e}); a shorter --seqlen checks them\n", 5 * slice_cost, 5 * kSliceBudget);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <cstdio>
 
 #include "fa4/commands.hpp"
@@ -52,6 +53,9 @@ void ProblemArgs::add_to(CLI::App* cmd) {
   cmd->add_option("--scale", scale, "softmax scale (default 1/sqrt(head_dim))");
   cmd->add_option("--emulated-fraction", emulated_fraction, "share of exp2 on the FMA pipe, k/16")->capture_default_str();
   cmd->add_option("--tau", tau, "rescale threshold tau (log2 units)")->capture_default_str();
+  cmd->add_option("--num-splits", num_splits, "forward split-KV: key ranges merged by their LSE (0: the backend's choice)")
+      ->check(kAtLeastZero)
+      ->capture_default_str();
   cmd->add_option("--seed", seed, "random seed")->capture_default_str();
 }
 
@@ -63,6 +67,7 @@ Options ProblemArgs::options() const {
   o.softcap = softcap;
   o.exp2_emulated_fraction = emulated_fraction;
   o.rescale_threshold = tau;
+  o.num_splits = int(std::min<int64_t>(num_splits, std::numeric_limits<int>::max()));
   return o;
 }
 
@@ -73,6 +78,7 @@ std::string ProblemArgs::shape_string() const {
   if (causal) s += " causal";
   if (window.size() == 2) s += " window(" + std::to_string(window[0]) + "," + std::to_string(window[1]) + ")";
   if (softcap > 0) s += " softcap=" + std::to_string(softcap);
+  if (num_splits > 0) s += " splits=" + std::to_string(num_splits);
   return s;
 }
 

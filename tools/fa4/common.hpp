@@ -26,6 +26,7 @@ struct ProblemArgs {
   std::vector<int64_t> window;  // left, right
   float softcap = 0.0f, emulated_fraction = 0.0f, tau = 8.0f;
   std::optional<float> scale;
+  int64_t num_splits = 0;  // split-KV key ranges of the forward (0: the backend's choice)
   uint64_t seed = 1;
 
   void add_to(CLI::App* cmd);

@@ -3,7 +3,7 @@
 // denominator once, here. One warp per query row. Nothing waits on one load at a time (each is a trip to DRAM,
 // and a row has up to 64 ranges): the lanes read the ranges' LSEs together (lane l: ranges l, l + 32, ...) and
 // join their merge states by shuffles; then each lane owns 4 columns (a float4 of every range's O, loads issued
-// 8 ranges ahead of their use) with the ranges' weights broadcast from the lane that read their LSE.
+// 16 ranges ahead of their use) with the ranges' weights broadcast from the lane that read their LSE.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -17,7 +17,7 @@ namespace {
 
 constexpr int kWarpsPerCta = 4;
 constexpr int kColumnsPerLane = 4;  // a float4 of O per range
-constexpr int kLoadsAhead = 8;      // O loads in flight per lane
+constexpr int kLoadsAhead = 16;     // O loads in flight per lane (the fill rule's 16 ranges in one go)
 
 template <bool Bf16>
 __device__ __forceinline__ void store_columns(uint16_t* out, float4 acc, bool pairs_aligned) {
@@ -47,7 +47,10 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) split_combine(const SplitCo
   // The merged LSE: each lane merges its ranges, then the lanes' states join (butterfly: every lane ends with
   // all of them); the sink joins once, on lane 0's state.
   num::LseMerge<float> merge;
-  for (int s = lane; s < p.num_splits; s += 32) merge.add(p.lse_partial[s * rows + row]);
+  // The first 32 ranges' LSEs stay in the registers that read them, for their weights below.
+  const float first_lse = lane < p.num_splits ? p.lse_partial[lane * rows + row] : -INFINITY;
+  merge.add(first_lse);
+  for (int s = lane + 32; s < p.num_splits; s += 32) merge.add(p.lse_partial[s * rows + row]);
   if (p.sinks != nullptr && lane == 0) merge.add(p.sinks[h * p.sinks_stride]);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) {
@@ -68,7 +71,9 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) split_combine(const SplitCo
     float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     for (int s0 = 0; s0 < p.num_splits; s0 += 32) {
       // Lane l holds the weight of range s0 + l (0 past the last range, and for an empty one).
-      const float my_weight = s0 + lane < p.num_splits ? merge.weight(p.lse_partial[(s0 + lane) * rows + row]) : 0.0f;
+      const float my_lse = s0 == 0 ? first_lse : s0 + lane < p.num_splits ? p.lse_partial[(s0 + lane) * rows + row]
+                                                                           : -INFINITY;
+      const float my_weight = merge.weight(my_lse);
       const int count = p.num_splits - s0 < 32 ? p.num_splits - s0 : 32;
 #pragma unroll kLoadsAhead
       for (int j = 0; j < count; ++j) {
