@@ -91,6 +91,10 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     // are visible, so its launch latency hides behind this kernel. Any other launch ignores the trigger.
     cudaTriggerProgrammaticLaunchCompletion();
   }
+  // Launched as a programmatic dependent of the stream's previous kernel (launch_instance): its CTAs may be
+  // resident before that kernel ends, and set up their barriers meanwhile; nothing here reads or writes global
+  // memory (inputs it may be producing, outputs or a workspace it may still be reading) until it is done.
+  cudaGridDependencySynchronize();
   __syncthreads();
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
 template <DType Dtype, int Row>
 cudaError_t launch_instance(const FwdParams& p, uint32_t grid, cudaStream_t stream) {
   return launch_with_dynamic_smem(fwd_kernel<wgmma_input<Dtype>(), Row>, grid, FwdConfig<Row>::kThreads,
-                                  fwd_smem_bytes<Row>(), stream, p);
+                                  fwd_smem_bytes<Row>(), stream, p, /*cluster=*/1, /*programmatic=*/true);
 }
 
 // The kernels of a head dim: one per kFwdTiles row of that head dim; `row` picks the one that runs.

@@ -28,9 +28,13 @@ cudaError_t opt_in_dynamic_smem(const void* kernel, uint32_t smem);
 
 // Launches a kernel that takes its parameters as one __grid_constant__ struct, with `smem` bytes of dynamic
 // shared memory (opted in first: above 48 KiB the attribute is required).
+// `programmatic`: a programmatic dependent launch (PDL) on the stream's previous kernel: the grid may become
+// resident before that kernel has finished, so the kernel must call cudaGridDependencySynchronize before it
+// reads or writes global memory (the forward does, first thing).
 template <class Params>
 cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint32_t threads, uint32_t smem,
-                                     cudaStream_t stream, const Params& params, uint32_t cluster = 1) {
+                                     cudaStream_t stream, const Params& params, uint32_t cluster = 1,
+                                     bool programmatic = false) {
   if (const cudaError_t e = opt_in_dynamic_smem(reinterpret_cast<const void*>(kernel), smem); e != cudaSuccess)
     return e;
   cudaLaunchConfig_t config{};
@@ -38,12 +42,17 @@ cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute cluster_dim{};  // consecutive CTAs form a cluster (grid a multiple of `cluster`)
-  if (cluster > 1) {
-    cluster_dim.id = cudaLaunchAttributeClusterDimension;
-    cluster_dim.val.clusterDim.x = cluster, cluster_dim.val.clusterDim.y = 1, cluster_dim.val.clusterDim.z = 1;
-    config.attrs = &cluster_dim;
-    config.numAttrs = 1;
+  cudaLaunchAttribute attrs[2]{};
+  config.attrs = attrs;
+  if (cluster > 1) {  // consecutive CTAs form a cluster (grid a multiple of `cluster`)
+    cudaLaunchAttribute& a = attrs[config.numAttrs++];
+    a.id = cudaLaunchAttributeClusterDimension;
+    a.val.clusterDim.x = cluster, a.val.clusterDim.y = 1, a.val.clusterDim.z = 1;
+  }
+  if (programmatic) {
+    cudaLaunchAttribute& a = attrs[config.numAttrs++];
+    a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a.val.programmaticStreamSerializationAllowed = 1;
   }
   return cudaLaunchKernelEx(&config, kernel, params);
 }
