@@ -105,6 +105,27 @@ TEST(Cli, BenchWritesJson) {
   EXPECT_EQ(doc["rows"][1]["pass"], "bwd");
 }
 
+// Decode shapes: one query against each --seqlen of keys, GQA, forced splits: a "decode" row with the K/V
+// bytes streamed per second (issue 12's schema), and the backward of the same shape unsplit.
+TEST(Cli, BenchWritesDecodeRows) {
+  const std::string path = ::testing::TempDir() + "fa4_bench_decode.json";
+  const Result r = fa4("bench --seqlen 256 --seqlen-q 1 --head-dim 32 --heads 4 --heads-kv 2 --num-splits 2 --dtype bf16 "
+                       "--iters 1 --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto doc = nlohmann::json::parse(std::ifstream(path));
+  ASSERT_EQ(doc["rows"].size(), 2u);
+  const auto& d = doc["rows"][0];
+  EXPECT_EQ(d["pass"], "decode");
+  EXPECT_EQ(d["seqlen_k"], 256);
+  EXPECT_EQ(d["heads_kv"], 2);
+  EXPECT_EQ(d["num_splits"], 2);
+  EXPECT_EQ(d["page_size"], 0);
+  EXPECT_GT(d["gbps"].get<double>(), 0.0);
+  EXPECT_NEAR(d["us"].get<double>(), 1e3 * d["ms"].get<double>(), 1e-6);
+  EXPECT_EQ(doc["rows"][1]["pass"], "bwd");
+  EXPECT_TRUE(has(fa4("bench --seqlen-q 0"), "--seqlen-q: must be >= 1, got 0"));
+}
+
 TEST(Cli, InfoAndExplain) {
   const Result i = fa4("info");
   EXPECT_EQ(i.code, 0);

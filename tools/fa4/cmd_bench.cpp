@@ -6,6 +6,7 @@
 #include <ctime>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -24,6 +25,9 @@ struct BenchArgs {
   std::vector<int64_t> head_dims{64, 128};
   std::vector<std::string> masks{"none"};
   int64_t batch = 1, heads = 16;
+  int64_t heads_kv = 0;    // 0: = heads
+  int64_t seqlen_q = 0;    // 0: = each seqlen (square); n: n queries against each seqlen of keys (1: decode)
+  int64_t num_splits = 0;  // forward split-KV ranges (0: the backend's choice)
   int iters = 3;
   std::string json_path, commit = "unknown";
   std::string backend = "cpu";
@@ -52,6 +56,11 @@ GpuTiming time_on_gpu(Pass pass, const Options& o, const testing::HostTensor& q,
                       const testing::HostTensor& v, const testing::HostTensor& out, const testing::HostTensor& lse,
                       const testing::HostTensor& dout, const testing::HostTensor& dq, const testing::HostTensor& dk,
                       const testing::HostTensor& dv, int iters) {
+  const Options bwd_o = [&] {
+    Options b = o;
+    b.num_splits = 0;  // forward-only: the gradient is the unsplit one
+    return b;
+  }();
   struct DeviceSet {
     std::unique_ptr<gpu::Mirror> q, k, v, out, lse, dout, dq, dk, dv;
   };
@@ -70,7 +79,7 @@ GpuTiming time_on_gpu(Pass pass, const Options& o, const testing::HostTensor& q,
   sets.push_back(make_set());
   const DeviceSet& first = *sets.front();
   GpuTiming t;
-  const Support sup = supports(pass, first.q->desc(), first.k->desc(), first.v->desc(), o);
+  const Support sup = supports(pass, first.q->desc(), first.k->desc(), first.v->desc(), pass == Pass::backward ? bwd_o : o);
   if (!sup.ok) {
     t.reason = sup.reason;
     return t;
@@ -82,18 +91,22 @@ GpuTiming time_on_gpu(Pass pass, const Options& o, const testing::HostTensor& q,
   const std::size_t l2 = gpu::l2_bytes() ? gpu::l2_bytes() : std::size_t(60) << 20;
   const std::size_t n_sets = std::max<std::size_t>(2, (2 * l2 + set_bytes - 1) / std::max<std::size_t>(set_bytes, 1) + 1);
   while (sets.size() < n_sets) sets.push_back(make_set());
-  const gpu::Buffer ws(bwd ? workspace_size(Pass::backward, first.q->desc(), first.k->desc(), first.v->desc(), o) : 0);
+  // The caller's workspace, allocated once and shared by the calls (as a caching allocator would hand out the same
+  // block): the backward's accumulators, or the forward's split-KV partials.
+  const gpu::Buffer ws(workspace_size(pass, first.q->desc(), first.k->desc(), first.v->desc(), bwd ? bwd_o : o));
   std::vector<std::function<void()>> calls;
   for (const auto& sp : sets) {
     const DeviceSet& s = *sp;
     if (bwd) {
       forward(s.q->desc(), s.k->desc(), s.v->desc(), s.out->desc(), &s.lse->desc(), o);  // O and LSE, untimed
-      calls.push_back([&s, &o, &ws] {
+      calls.push_back([&s, &bwd_o, &ws] {
         backward(s.q->desc(), s.k->desc(), s.v->desc(), s.out->desc(), s.dout->desc(), s.lse->desc(), s.dq->desc(),
-                 s.dk->desc(), s.dv->desc(), o, ws.workspace());
+                 s.dk->desc(), s.dv->desc(), bwd_o, ws.workspace());
       });
     } else {
-      calls.push_back([&s, &o] { forward(s.q->desc(), s.k->desc(), s.v->desc(), s.out->desc(), &s.lse->desc(), o); });
+      calls.push_back([&s, &o, &ws] {
+        forward(s.q->desc(), s.k->desc(), s.v->desc(), s.out->desc(), &s.lse->desc(), o, ws.workspace());
+      });
     }
   }
   t.sec = gpu::median_ms(calls, iters) * 1e-3;
@@ -109,7 +122,7 @@ void bench(const BenchArgs& a) {
   json rows = json::array();
   const int total = static_cast<int>(a.passes.size() * a.dtypes.size() * a.seqlens.size() * a.head_dims.size() * a.masks.size());
   Progress progress("bench", total);
-  fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11} {:>9}\n", "pass", "dtype", "d", "seqlen", "batch", "heads",
+  fmt::print("{:<6} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11} {:>9}\n", "pass", "dtype", "d", "seqlen", "batch", "heads",
              "mask", "ms", "TFLOP/s");
   for (const auto& dt : a.dtypes)
     for (int64_t d : a.head_dims)
@@ -118,12 +131,14 @@ void bench(const BenchArgs& a) {
           const DType dtype = parse_dtype(dt);
           Options o;
           o.causal = mask == "causal";
-          const std::array<int64_t, 4> shape{a.batch, s, a.heads, d};
-          auto q = testing::HostTensor::make(dtype, shape), k = testing::HostTensor::make(dtype, shape),
-               v = testing::HostTensor::make(dtype, shape), out = testing::HostTensor::make(dtype, shape),
-               dout = testing::HostTensor::make(dtype, shape), dq = testing::HostTensor::make(dtype, shape),
-               dk = testing::HostTensor::make(dtype, shape), dv = testing::HostTensor::make(dtype, shape);
-          auto lse = testing::HostTensor::make_lse({a.batch, a.heads, s});
+          o.num_splits = int(std::min<int64_t>(a.num_splits, std::numeric_limits<int>::max()));
+          const int64_t sq = a.seqlen_q > 0 ? a.seqlen_q : s, hkv = a.heads_kv > 0 ? a.heads_kv : a.heads;
+          const std::array<int64_t, 4> qshape{a.batch, sq, a.heads, d}, kshape{a.batch, s, hkv, d};
+          auto q = testing::HostTensor::make(dtype, qshape), k = testing::HostTensor::make(dtype, kshape),
+               v = testing::HostTensor::make(dtype, kshape), out = testing::HostTensor::make(dtype, qshape),
+               dout = testing::HostTensor::make(dtype, qshape), dq = testing::HostTensor::make(dtype, qshape),
+               dk = testing::HostTensor::make(dtype, kshape), dv = testing::HostTensor::make(dtype, kshape);
+          auto lse = testing::HostTensor::make_lse({a.batch, a.heads, sq});
           q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), dout.fill_normal(4);
           for (const auto& pass_name : a.passes) {
             const Pass pass = pass_name == "fwd" ? Pass::forward : Pass::backward;
@@ -132,27 +147,40 @@ void bench(const BenchArgs& a) {
             if (cuda) {
               const auto timed = time_on_gpu(pass, o, q, k, v, out, lse, dout, dq, dk, dv, a.iters);
               if (!timed.ok) {
-                fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} not run: {}\n", pass_name, dt, d, s, a.batch, a.heads,
+                fmt::print("{:<6} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} not run: {}\n", pass_name, dt, d, s, a.batch, a.heads,
                            mask, timed.reason);
                 continue;
               }
               sec = timed.sec;
             } else {
+              Options bwd_o = o;
+              bwd_o.num_splits = 0;  // forward-only
               forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);  // O and LSE for the backward
               sec = median_seconds([&] {
                 if (pass == Pass::forward)
                   forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);
                 else
-                  backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(), o);
+                  backward(q.desc(), k.desc(), v.desc(), out.desc(), dout.desc(), lse.desc(), dq.desc(), dk.desc(), dv.desc(),
+                           bwd_o);
               }, a.iters);
             }
-            const double tflops = attention_flops(a.batch, a.heads, s, s, d, o, pass) / sec / 1e12;
-            fmt::print("{:<4} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11.3f} {:>9.4f}\n", pass_name, dt, d, s, a.batch, a.heads,
-                       mask, sec * 1e3, tflops);
+            const double tflops = attention_flops(a.batch, a.heads, sq, s, d, o, pass) / sec / 1e12;
+            // A forward of one query per sequence is a decode row (issue 12's schema): its figure is the K/V
+            // bytes streamed per second, not TFLOP/s.
+            const bool decode = sq == 1 && pass == Pass::forward;
+            const double kv_gbps = double(k.storage().size() + v.storage().size()) / sec / 1e9;
+            fmt::print("{:<6} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11.3f} {:>9.4f}{}\n", decode ? "decode" : pass_name, dt, d,
+                       sq == s ? fmt::format("{}", s) : fmt::format("{}x{}", sq, s), a.batch,
+                       hkv == a.heads ? fmt::format("{}", a.heads) : fmt::format("{}/{}", a.heads, hkv), mask, sec * 1e3,
+                       tflops, decode ? fmt::format("  {:.0f} GB/s of K/V", kv_gbps) : "");
             std::fflush(stdout);
-            rows.push_back({{"impl", cuda ? "fa4-cuda" : "fa4-cpu"}, {"dtype", dt}, {"d", d}, {"seqlen", s}, {"batch", a.batch},
-                            {"heads", a.heads}, {"causal", o.causal}, {"pass", pass_name}, {"tflops", tflops},
-                            {"ms", sec * 1e3}});
+            json row = {{"impl", cuda ? "fa4-cuda" : "fa4-cpu"}, {"dtype", dt}, {"d", d}, {"seqlen", s}, {"batch", a.batch},
+                        {"heads", a.heads}, {"causal", o.causal}, {"pass", decode ? "decode" : pass_name},
+                        {"tflops", tflops}, {"ms", sec * 1e3}};
+            if (sq != s || hkv != a.heads || a.num_splits > 0)
+              row.update({{"seqlen_q", sq}, {"seqlen_k", s}, {"heads_kv", hkv}, {"num_splits", a.num_splits}});
+            if (decode) row.update({{"us", sec * 1e6}, {"gbps", kv_gbps}, {"page_size", 0}, {"seqlen_k", s}});
+            rows.push_back(row);
           }
         }
   if (!a.json_path.empty()) {
@@ -178,6 +206,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--mask", a->masks, "none and/or causal")->check(CLI::IsMember({"none", "causal"}))->capture_default_str();
   cmd->add_option("--batch", a->batch, "batch")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--heads", a->heads, "heads")->check(kAtLeastOne)->capture_default_str();
+  cmd->add_option("--heads-kv", a->heads_kv, "key/value heads (GQA/MQA; default: --heads)")->check(kAtLeastOne);
+  cmd->add_option("--seqlen-q", a->seqlen_q,
+                  "queries per sequence against each --seqlen of keys (default: square; 1: decode rows, K/V GB/s)")
+      ->check(kAtLeastOne);
+  cmd->add_option("--num-splits", a->num_splits, "forward split-KV ranges (0: the backend's choice)")
+      ->check(kAtLeastZero)
+      ->capture_default_str();
   cmd->add_option("--iters", a->iters, "timed iterations (median)")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--json", a->json_path, "write results to this JSON file");
   cmd->add_option("--commit", a->commit, "commit id recorded in the JSON");
