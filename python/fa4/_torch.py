@@ -10,6 +10,7 @@ import ctypes
 from typing import Optional
 
 import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from . import _capi
 from .errors import InvalidArgumentError, UnsupportedError
@@ -120,13 +121,16 @@ forward_op = torch.library.custom_op("fa4::forward", mutates_args=(), device_typ
 
 def _plain_call(tensors):
     """Whether a forward may skip the custom op's dispatch (about 15 us of host time per call) and run
-    _forward_impl directly: nothing to differentiate, no tracing (torch.compile, export: fake tensors are subclasses), no
-    functorch transform. The op and _forward compute the same thing; the op is what those machineries need."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+    _forward_impl directly: real cpu or cuda tensors (no fake, meta or other subclass), nothing to differentiate,
+    and nothing watching the op (torch.compile, jit tracing, functorch transforms, torch function or dispatch
+    modes such as FlopCounterMode or FakeTensorMode). The op and _forward_impl compute the same thing; the op is
+    what those machineries need to see."""
+    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active() \
+            or torch._C._is_torch_function_mode_enabled() or _get_current_dispatch_mode() is not None:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+        if t is not None and (type(t) is not torch.Tensor or not (t.is_cpu or t.is_cuda) or (grad and t.requires_grad)):
             return False
     return True
 

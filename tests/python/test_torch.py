@@ -86,6 +86,24 @@ def test_plain_call_matches_the_custom_op():
     qg = q.clone().requires_grad_(True)
     out_grad = fa4.flash_attn_func(qg, k, v, causal=True, learnable_sink=sink)
     assert out_grad.grad_fn is not None and torch.equal(out_grad.detach(), op_out)  # the op path: autograd recorded
+    # Meta tensors and a dispatch mode take the op too (its fake kernel answers shapes; the mode sees the op).
+    with torch.no_grad():
+        meta = fa4.flash_attn_func(*(t.to("meta") for t in (q, k, v)))
+        assert meta.device.type == "meta" and meta.shape == q.shape
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Recorder(TorchDispatchMode):
+            def __init__(self):
+                super().__init__()
+                self.ops = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                self.ops.append(str(func))
+                return func(*args, **(kwargs or {}))
+
+        with Recorder() as seen:
+            fa4.flash_attn_func(q, k, v)
+        assert any("fa4.forward" in op for op in seen.ops), seen.ops
 
 
 GRADCHECK_CASES = [

@@ -56,11 +56,7 @@ GpuTiming time_on_gpu(Pass pass, const Options& o, const testing::HostTensor& q,
                       const testing::HostTensor& v, const testing::HostTensor& out, const testing::HostTensor& lse,
                       const testing::HostTensor& dout, const testing::HostTensor& dq, const testing::HostTensor& dk,
                       const testing::HostTensor& dv, int iters) {
-  const Options bwd_o = [&] {
-    Options b = o;
-    b.num_splits = 0;  // forward-only: the gradient is the unsplit one
-    return b;
-  }();
+  const Options bwd_o = backward_options(o);
   struct DeviceSet {
     std::unique_ptr<gpu::Mirror> q, k, v, out, lse, dout, dq, dk, dv;
   };
@@ -153,8 +149,7 @@ void bench(const BenchArgs& a) {
               }
               sec = timed.sec;
             } else {
-              Options bwd_o = o;
-              bwd_o.num_splits = 0;  // forward-only
+              const Options bwd_o = backward_options(o);
               forward(q.desc(), k.desc(), v.desc(), out.desc(), &lse.desc(), o);  // O and LSE for the backward
               sec = median_seconds([&] {
                 if (pass == Pass::forward)

@@ -95,12 +95,6 @@ constexpr double kSliceBudget = 2.2e9;
 // dQ, dK and dV of whole (batch, kv head) slices against the fp64 reference backward (cpu::reference_backward)
 // run on copies of those slices: a key's gradient needs the softmax of every query row, so the reference of a
 // slice costs one head's whole backward; the slices run in parallel, one per thread.
-// The backward takes the forward's options but num_splits (a forward-only option: the gradient is the unsplit one).
-Options backward_options(Options o) {
-  o.num_splits = 0;
-  return o;
-}
-
 void check_slices(const ProblemArgs& pa, DType dtype, const Options& opts, const HostTensor& q, const HostTensor& k,
                   const HostTensor& v, const HostTensor& dout, const HostTensor& dq, const HostTensor& dk,
                   const HostTensor& dv, const std::vector<std::pair<int64_t, int64_t>>& slices, GradError& eq,

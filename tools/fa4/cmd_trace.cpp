@@ -88,6 +88,7 @@ void run_trace(const TraceArgs& a) {
   const auto layout = parse_layout(pa.layout);
   Options opts = pa.options();
   opts.deterministic = a.deterministic;
+  const Options bwd_opts = backward_options(opts);
   const std::array<int64_t, 4> qs{pa.batch, pa.sq(), pa.heads, pa.head_dim}, ks{pa.batch, pa.sk(), pa.hkv(), pa.head_dim};
   auto q = HostTensor::make(dtype, qs, layout), k = HostTensor::make(dtype, ks, layout),
        v = HostTensor::make(dtype, ks, layout), out = HostTensor::make(dtype, qs, layout), dout = HostTensor::make(dtype, qs, layout);
@@ -96,15 +97,16 @@ void run_trace(const TraceArgs& a) {
   dout.fill_normal(pa.seed * 7 + 4);
   out.poison(), lse.poison();
   const gpu::Mirror gq(q), gk(k), gv(v), gout(out), glse(lse), gdout(dout);
-  const Support s = supports(bwd ? Pass::backward : Pass::forward, gq.desc(), gk.desc(), gv.desc(), opts);
+  const Support s = bwd ? supports(Pass::backward, gq.desc(), gk.desc(), gv.desc(), bwd_opts)
+                        : supports(Pass::forward, gq.desc(), gk.desc(), gv.desc(), opts);
   if (!s.ok) throw Error(Status::unsupported, "fa4 trace: " + s.reason);
   auto dq = HostTensor::make(dtype, qs, layout), dk = HostTensor::make(dtype, ks, layout), dv = HostTensor::make(dtype, ks, layout);
   const gpu::Mirror gdq(dq), gdk(dk), gdv(dv);
-  const gpu::Buffer ws(bwd ? workspace_size(Pass::backward, gq.desc(), gk.desc(), gv.desc(), opts) : 0);
+  const gpu::Buffer ws(bwd ? workspace_size(Pass::backward, gq.desc(), gk.desc(), gv.desc(), bwd_opts) : 0);
   auto fwd_call = [&] { forward(gq.desc(), gk.desc(), gv.desc(), gout.desc(), &glse.desc(), opts); };
   auto bwd_call = [&] {
     backward(gq.desc(), gk.desc(), gv.desc(), gout.desc(), gdout.desc(), glse.desc(), gdq.desc(), gdk.desc(),
-             gdv.desc(), opts, ws.workspace());
+             gdv.desc(), bwd_opts, ws.workspace());
   };
   // One untraced call of each pass first (module load, caches), then the traced one.
   fwd_call();

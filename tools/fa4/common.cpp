@@ -71,6 +71,11 @@ Options ProblemArgs::options() const {
   return o;
 }
 
+Options backward_options(Options o) {
+  o.num_splits = 0;
+  return o;
+}
+
 std::string ProblemArgs::shape_string() const {
   std::string s = "b=" + std::to_string(batch) + " sq=" + std::to_string(sq()) + " sk=" + std::to_string(sk()) +
                   " h=" + std::to_string(heads) + "/" + std::to_string(hkv()) + " d=" + std::to_string(head_dim) + " " +

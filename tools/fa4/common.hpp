@@ -37,6 +37,10 @@ struct ProblemArgs {
   std::string shape_string() const;
 };
 
+// The backward's options: the forward's without num_splits (a forward-only option: the gradient is the unsplit
+// one, and the backward refuses n > 1).
+Options backward_options(Options o);
+
 DType parse_dtype(const std::string& name);
 testing::Layout parse_layout(const std::string& name);
 

@@ -86,9 +86,11 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
     cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
     cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases);
-    // Split-KV's combine is launched as a programmatic dependent (split_combine.cu): it may start now, on the SMs
-    // this grid leaves free, and waits in cudaGridDependencySynchronize until this grid is done and its writes
-    // are visible, so its launch latency hides behind this kernel. Any other launch ignores the trigger.
+    // Whatever the stream launches next as a programmatic dependent may become resident now, on the SMs this grid
+    // leaves free: split-KV's combine (split_combine.cu) or the next call's forward, each of which waits in
+    // cudaGridDependencySynchronize until this grid is done and its writes are visible before touching global
+    // memory, so their launch latency hides behind this kernel. (A caller's own PDL kernel must wait likewise;
+    // a launch without the PDL attribute is not affected by the trigger.)
     cudaTriggerProgrammaticLaunchCompletion();
   }
   // Launched as a programmatic dependent of the stream's previous kernel (launch_instance): its CTAs may be

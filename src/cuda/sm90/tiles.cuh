@@ -24,7 +24,8 @@ constexpr ptx::WgmmaInput wgmma_input() {
 
 // Opts `kernel` in to `smem` bytes of dynamic shared memory on the current device, once per (kernel, device,
 // size) in the process: the attribute persists, and setting it is a driver call on every launch otherwise.
-cudaError_t opt_in_dynamic_smem(const void* kernel, uint32_t smem);
+// `again`: set it even if this process did (a cudaDeviceReset forgets it; the launch below retries once).
+cudaError_t opt_in_dynamic_smem(const void* kernel, uint32_t smem, bool again = false);
 
 // Launches a kernel that takes its parameters as one __grid_constant__ struct, with `smem` bytes of dynamic
 // shared memory (opted in first: above 48 KiB the attribute is required).
@@ -54,7 +55,13 @@ cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint
     a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     a.val.programmaticStreamSerializationAllowed = 1;
   }
-  return cudaLaunchKernelEx(&config, kernel, params);
+  cudaError_t e = cudaLaunchKernelEx(&config, kernel, params);
+  if (e == cudaErrorInvalidValue && smem > 48 * 1024) {  // the opt-in may have been lost with a reset context
+    (void)cudaGetLastError();
+    if (opt_in_dynamic_smem(reinterpret_cast<const void*>(kernel), smem, /*again=*/true) == cudaSuccess)
+      e = cudaLaunchKernelEx(&config, kernel, params);
+  }
+  return e;
 }
 
 // Whether every (query, key) of query tile m_block × key tile n_block is visible, so the softmax skips the
