@@ -60,6 +60,15 @@ constexpr int fwd_row(int head_dim, int64_t seqlen_q) {
   return -1;
 }
 
+// The row a variable-length batch runs: the head dim's last (any length), whatever its sequences' lengths (one
+// varlen kernel per head dim and dtype); -1 if the head dim has no row.
+constexpr int fwd_varlen_row(int head_dim) {
+  int last = -1;
+  for (int r = 0; r < kFwdRows; ++r)
+    if (kFwdTiles[r].head_dim == head_dim) last = r;
+  return last;
+}
+
 // Every head dim's rows are adjacent, ordered by max_seqlen_q (never negative), and end with one that takes
 // any length.
 constexpr bool fwd_rows_are_well_formed() {

@@ -25,8 +25,10 @@ namespace fa4::sm90 {
 // by_tma: stage and store by TMA (p.out_tma, and the tile had visible keys). release_q: O is staged in Q's rows;
 // once the store has read them, this warpgroup releases Q to the producer. no_key: the tile saw no key, so its
 // LSE is the sink itself (exactly: m = sink·log2e and back through ln 2 would be off by an ulp) or -inf.
-template <ptx::WgmmaInput In, int Row>
-__device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStorage<Row>& smem,
+// Varlen: rows are the tile's sequence's (its length bounds them; out and lse rows start at its offset), always
+// by per-thread stores (a TMA box would run into the next sequence's rows), never split.
+template <ptx::WgmmaInput In, int Row, bool Varlen>
+__device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeometry& geo, FwdSharedStorage<Row>& smem,
                                               const WorkTile& tile, int consumer,
                                               ConsumerStages<FwdConfig<Row>::kStages>& st, bool by_tma,
                                               bool release_q, bool no_key,
@@ -47,11 +49,16 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
     inv_l[h] = fin.inv_l;
     lse[h] = no_key && p.sinks != nullptr ? p.sinks[tile.head * p.sinks_stride] : fin.lse;
     const int64_t r = row0 + 8 * h;
-    if (p.lse != nullptr && thread % 4 == 0 && r < p.seqlen_q)
-      p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = lse[h];
+    if constexpr (Varlen) {  // the sequence's rows, from its offset in the packed lse [h, total_q]
+      if (p.lse != nullptr && thread % 4 == 0 && r < geo.seqlen_q)
+        p.lse[tile.head * p.lse_stride_h + (geo.q_row0 + r) * p.lse_stride_s] = lse[h];
+    } else {
+      if (p.lse != nullptr && thread % 4 == 0 && r < p.seqlen_q)
+        p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = lse[h];
+    }
   }
 
-  if (p.o_partial != nullptr) {  // split-KV: this key range's O / l and LSE in fp32, for the combine kernel
+  if (!Varlen && p.o_partial != nullptr) {  // split-KV: this key range's O / l and LSE in fp32, for the combine kernel
     const int64_t partial_row0 =
         ((int64_t(tile.split) * p.order.batch + tile.batch) * p.order.heads_q + tile.head) * p.seqlen_q;
 #pragma unroll
@@ -68,7 +75,7 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
     return;
   }
 
-  if (by_tma) {
+  if (!Varlen && by_tma) {
     uint8_t* const staging = o_staging(smem, consumer);
     const uint32_t barrier = static_cast<uint32_t>(NamedBarrier::first_epilogue) + uint32_t(consumer);
     if constexpr (Config::kSeparateOStaging) {  // the previous tile's store may still be reading the staging rows
@@ -102,19 +109,28 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, FwdSharedStora
   }
 
   uint16_t* const out = static_cast<uint16_t*>(p.out) + tile.batch * p.out_stride_b + tile.head * p.out_stride_h;
-#pragma unroll
-  for (int i = 0; i < HeadDim / 2; i += 2) {
-    const int h = reg_row_half(i);
-    const int64_t r = row0 + 8 * h;
-    if (r >= p.seqlen_q) continue;
-    const uint32_t pair = ptx::pack_rn<In>(o.reg[i] * inv_l[h], o.reg[i + 1] * inv_l[h]);
-    uint16_t* dst = out + r * p.out_stride_s + col_base + reg_col_in_pair_block(i);
+  const auto store_pair = [&](uint16_t* dst, uint32_t pair) {
     if (p.out_pairs_aligned) {
       *reinterpret_cast<uint32_t*>(dst) = pair;
     } else {
       dst[0] = static_cast<uint16_t>(pair & 0xFFFFu);
       dst[1] = static_cast<uint16_t>(pair >> 16);
     }
+  };
+#pragma unroll
+  for (int i = 0; i < HeadDim / 2; i += 2) {
+    const int h = reg_row_half(i);
+    const int64_t r = row0 + 8 * h;
+    if constexpr (Varlen) {  // out's batch stride is 0: the row is the sequence's offset + r
+      if (r >= geo.seqlen_q) continue;
+    } else {
+      if (r >= p.seqlen_q) continue;
+    }
+    const uint32_t pair = ptx::pack_rn<In>(o.reg[i] * inv_l[h], o.reg[i + 1] * inv_l[h]);
+    if constexpr (Varlen)
+      store_pair(out + (geo.q_row0 + r) * p.out_stride_s + col_base + reg_col_in_pair_block(i), pair);
+    else
+      store_pair(out + r * p.out_stride_s + col_base + reg_col_in_pair_block(i), pair);
   }
 }
 

@@ -23,7 +23,7 @@ enum class Role { load, mma_softmax_epilogue };
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
 
 // A consumer warpgroup: for every tile the producer publishes, the main loop and the epilogue.
-template <ptx::WgmmaInput In, int Row>
+template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStorage<Row>& smem, int consumer) {
   using Config = FwdConfig<Row>;
   const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
@@ -48,23 +48,30 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
 
     FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, linear);
     const WorkTile tile = p.order.tile(linear);
-    const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
+    SeqGeometry geo;  // varlen: the tile's sequence; dense: unused (p's sizes and mask)
+    KvTileRange range;
+    if constexpr (Varlen) {
+      geo = seq_geometry<true>(p, tile);
+      range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(tile, geo);
+    } else {
+      range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
+    }
     ptx::WgmmaAccumulator<Config::kHeadDim> o;
     RowState rows = initial_rows(p, tile.head);
     if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf (or the sink); nothing loaded
 #pragma unroll
       for (int i = 0; i < Config::kHeadDim / 2; ++i) o.reg[i] = 0.0f;
       FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
-      epilogue_role<In, Row>(p, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false,
-                             /*no_key=*/true, o, rows);
+      epilogue_role<In, Row, Varlen>(p, geo, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false,
+                                     /*no_key=*/true, o, rows);
       FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
       FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
       continue;
     }
-    mma_softmax_role<In, Row>(p, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows, rec);
+    mma_softmax_role<In, Row, Varlen>(p, geo, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows, rec);
     FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
-    epilogue_role<In, Row>(p, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q, /*no_key=*/false, o,
-                           rows);
+    epilogue_role<In, Row, Varlen>(p, geo, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q,
+                                   /*no_key=*/false, o, rows);
     FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
     FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
     ++st.q;
@@ -73,7 +80,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
 }
 
-template <ptx::WgmmaInput In, int Row>
+template <ptx::WgmmaInput In, int Row, bool Varlen>
 __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const __grid_constant__ FwdParams p) {
   using Config = FwdConfig<Row>;
   FwdSharedStorage<Row>& smem = ptx::sw128_aligned_dynamic_smem<FwdSharedStorage<Row>>();
@@ -102,29 +109,33 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (role_of(warpgroup) == Role::load) {
     if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_dec<Config::kProducerRegisters>();
-    if (threadIdx.x / 32 == 0) load_role<Row>(p, smem);
+    if (threadIdx.x / 32 == 0) load_role<Row, Varlen>(p, smem);
     return;
   }
   if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
-  consumer_role<In, Row>(p, smem, warpgroup - 1);
+  consumer_role<In, Row, Varlen>(p, smem, warpgroup - 1);
 }
 
-template <DType Dtype, int Row>
+template <DType Dtype, int Row, bool Varlen>
 cudaError_t launch_instance(const FwdParams& p, uint32_t grid, cudaStream_t stream) {
-  return launch_with_dynamic_smem(fwd_kernel<wgmma_input<Dtype>(), Row>, grid, FwdConfig<Row>::kThreads,
+  return launch_with_dynamic_smem(fwd_kernel<wgmma_input<Dtype>(), Row, Varlen>, grid, FwdConfig<Row>::kThreads,
                                   fwd_smem_bytes<Row>(), stream, p, /*cluster=*/1, /*programmatic=*/true);
 }
 
-// The kernels of a head dim: one per kFwdTiles row of that head dim; `row` picks the one that runs.
+// The kernels of a head dim: one per kFwdTiles row of that head dim; `row` picks the one that runs. Variable-length
+// batches have one more kernel per head dim, on its last row (any length; kFwdVarlenRow).
 template <DType Dtype, int HeadDim, int Row = 0>
-cudaError_t launch_head_dim_row(int row, const FwdParams& p, uint32_t grid, cudaStream_t stream) {
+cudaError_t launch_head_dim_row(int row, bool varlen, const FwdParams& p, uint32_t grid, cudaStream_t stream) {
   static_assert(fwd_row(HeadDim, 1) >= 0, "a head dim of instances.def has no row in kFwdTiles (config.hpp)");
   if constexpr (Row == kFwdRows) {
     return cudaErrorInvalidValue;
   } else {
-    if constexpr (kFwdTiles[Row].head_dim == HeadDim)
-      if (row == Row) return launch_instance<Dtype, Row>(p, grid, stream);
-    return launch_head_dim_row<Dtype, HeadDim, Row + 1>(row, p, grid, stream);
+    if constexpr (kFwdTiles[Row].head_dim == HeadDim) {
+      if (row == Row && !varlen) return launch_instance<Dtype, Row, false>(p, grid, stream);
+      if constexpr (Row == fwd_varlen_row(HeadDim))
+        if (row == Row && varlen) return launch_instance<Dtype, Row, true>(p, grid, stream);
+    }
+    return launch_head_dim_row<Dtype, HeadDim, Row + 1>(row, varlen, p, grid, stream);
   }
 }
 
@@ -137,9 +148,9 @@ cudaError_t launch_head_dim_row(int row, const FwdParams& p, uint32_t grid, cuda
 #define FA4_IF_bwd(...)
 #define FA4_KERNEL(arch, pass, dtype, head_dim)                                      \
   FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
-                                  return launch_head_dim_row<DType::dtype, head_dim>(row, p, grid, stream);))
+                                  return launch_head_dim_row<DType::dtype, head_dim>(row, varlen, p, grid, stream);))
 
-cudaError_t launch_fwd_kernel(DType p_dtype, int p_head_dim, int row, const FwdParams& p, uint32_t grid,
+cudaError_t launch_fwd_kernel(DType p_dtype, int p_head_dim, int row, bool varlen, const FwdParams& p, uint32_t grid,
                               cudaStream_t stream) {
 #include "cuda/instances.def"
   return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch

@@ -10,9 +10,11 @@
 
 namespace fa4::sm90 {
 
-// Launches the kernel of (dtype, kFwdTiles row `row`, whose head dim is head_dim) on `stream` with `grid` CTAs;
-// cudaErrorInvalidValue if that (dtype, head_dim) is not compiled or the row is not one of the head dim's.
-cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, const FwdParams& params, uint32_t grid,
+// Launches the kernel of (dtype, kFwdTiles row `row`, whose head dim is head_dim) on `stream` with `grid` CTAs,
+// the variable-length instance when `varlen` (params.cu_seqlens_*); cudaErrorInvalidValue if that (dtype,
+// head_dim) is not compiled, the row is not one of the head dim's, or varlen on a row other than
+// fwd_varlen_row(head_dim).
+cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, bool varlen, const FwdParams& params, uint32_t grid,
                               cudaStream_t stream);
 
 }  // namespace fa4::sm90

@@ -356,7 +356,7 @@ void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, cons
           (split ? " splits " + std::to_string(plan.splits) : "") + (plan.pack_gqa ? " gqa-packed" : ""),
       grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
-  throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, params, grid, cu_stream),
+  throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/false, params, grid, cu_stream),
                       "sm_90a forward launch failed");
   if (counter) counter->free(call);
   if (split) {  // the combine runs on the unpacked view: partial rows are laid out the same in both

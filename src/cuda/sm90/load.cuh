@@ -22,7 +22,8 @@ namespace fa4::sm90 {
 // Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once both
 // consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q
 // so that it streams while the consumers finish the previous tile.
-template <int Row>
+// Varlen: a tile's rows and keys start at its sequence's offsets in the packed tensors (mapped as batch 1).
+template <int Row, bool Varlen>
 __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<Row>& smem) {
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
@@ -56,7 +57,15 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     }
 
     const WorkTile tile = p.order.tile(linear);
-    const KvTileRange range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
+    KvTileRange range;
+    int32_t q_row0 = 0, k_row0 = 0;  // the sequence's first rows in packed q and k/v (varlen)
+    if constexpr (Varlen) {
+      const SeqGeometry geo = seq_geometry<true>(p, tile);
+      range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(tile, geo);
+      q_row0 = geo.q_row0, k_row0 = geo.k_row0;
+    } else {
+      range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
+    }
     if (range.empty()) continue;  // the consumers write zeros without waiting for anything
     const int32_t kv_head = tile.head / p.group;
     // One K or V tile into its ring (K and V rings step together, on kv_stage).
@@ -66,7 +75,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       ring.producer_acquire(kv_stage);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
       ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
-      load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, n_block * Config::kBlockN,
+      load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, k_row0 + n_block * Config::kBlockN,
                                           kv_head * head_step, tile.batch * batch_step, ring.full_barrier(kv_stage));
     };
     auto load_k = [&](int32_t n_block) {
@@ -81,7 +90,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     load_k(range.begin);
     q_ring.producer_acquire(q_stage);
     q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
-    load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, tile.m_block * Config::kBlockM,
+    load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, q_row0 + tile.m_block * Config::kBlockM,
                                         tile.head * p.q_head_step, tile.batch * p.q_batch_step,
                                         q_ring.full_barrier(q_stage));
     FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);

@@ -125,9 +125,9 @@ __device__ __forceinline__ ScoreForm score_form(const FwdParams& p) {
 // starting at key0 (col_base: this thread's column-pair offset). Updates m and l; returns O's correction.
 // Every policy test is warp-uniform and sits outside the per-element loops.
 template <ScoreForm Form, int BlockN>
-__device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAccumulator<BlockN>& s,
-                                                RowState& rows, const int64_t (&row)[2], int64_t key0, int col_base,
-                                                bool masked) {
+__device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::Mask& mask,
+                                                ptx::WgmmaAccumulator<BlockN>& s, RowState& rows,
+                                                const int64_t (&row)[2], int64_t key0, int col_base, bool masked) {
   if constexpr (Form == ScoreForm::transformed) {
 #pragma unroll
     for (int i = 0; i < BlockN / 2; ++i) s.reg[i] = p.score(s.reg[i]);
@@ -136,8 +136,8 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, ptx::WgmmaAc
     int64_t key_begin[2], key_end[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      key_begin[h] = p.mask.key_begin(row[h]);
-      key_end[h] = p.mask.key_end(row[h]);
+      key_begin[h] = mask.key_begin(row[h]);
+      key_end[h] = mask.key_end(row[h]);
     }
 #pragma unroll
     for (int i = 0; i < BlockN / 2; ++i) {
@@ -219,8 +219,8 @@ struct ConsumerStages {
 // The consumer warpgroup `consumer`'s main loop over a work tile's visible K/V tiles `range` (not empty). On
 // return O holds the unnormalised output of this thread's rows and `rows` their (m, thread-local l). Q is
 // released after the last S when release_q is set (else the epilogue releases it after staging O in it).
-template <ptx::WgmmaInput In, int Row>
-__device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedStorage<Row>& smem,
+template <ptx::WgmmaInput In, int Row, bool Varlen>
+__device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGeometry& geo, FwdSharedStorage<Row>& smem,
                                                  const WorkTile& tile, const KvTileRange& range, int consumer,
                                                  ConsumerStages<FwdConfig<Row>::kStages>& st, bool release_q,
                                                  ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows,
@@ -246,12 +246,18 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, FwdSharedSt
   auto k_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.k[stage])); };
   auto v_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.v[stage])); };
   const ScoreForm form = score_form(p);
-  auto softmax = [&](S& s, int32_t n_block) {
-    const bool masked = !tile_pair_fully_visible<kBlockM, kBlockN>(p.mask, tile.m_block, n_block);
+  auto softmax_with = [&](const num::Mask& mask, S& s, int32_t n_block) {
+    const bool masked = !tile_pair_fully_visible<kBlockM, kBlockN>(mask, tile.m_block, n_block);
     const int64_t key0 = int64_t(n_block) * kBlockN;
     return form == ScoreForm::raw_max
-               ? softmax_tile<ScoreForm::raw_max, kBlockN>(p, s, rows, row, key0, col_base, masked)
-               : softmax_tile<ScoreForm::transformed, kBlockN>(p, s, rows, row, key0, col_base, masked);
+               ? softmax_tile<ScoreForm::raw_max, kBlockN>(p, mask, s, rows, row, key0, col_base, masked)
+               : softmax_tile<ScoreForm::transformed, kBlockN>(p, mask, s, rows, row, key0, col_base, masked);
+  };
+  auto softmax = [&](S& s, int32_t n_block) {
+    if constexpr (Varlen)
+      return softmax_with(geo.mask, s, n_block);
+    else
+      return softmax_with(p.mask, s, n_block);
   };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const cuda::Pipeline<1> q_ring(smem.q_ring);

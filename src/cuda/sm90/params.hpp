@@ -55,6 +55,15 @@ struct FwdParams {
   num::ScoreTransform score;    // raw q·k -> log2 units (scale, softcap)
   float rescale_threshold = 8;  // tau, log2 units
   int32_t exp2_emulated_per16 = 0;
+
+  // Variable-length batches (the fwd_kernel<..., Varlen = true> instances only): q, out [total_q, h, d] and
+  // k, v [total_k, h_kv, d] mapped as batch 1; sequence b has rows cu_seqlens_q[b] .. [b + 1] and keys
+  // cu_seqlens_k[b] .. (seqused_k[b] of them when given, else up to cu_seqlens_k[b + 1]); lse is [h, total_q].
+  // The order's batch is the sequence count and its num_m_blocks covers max_seqlen_q; seqlen_q / seqlen_k and
+  // mask above are the longest sequence's, and each tile takes its own (scheduler.cuh, SeqGeometry).
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif

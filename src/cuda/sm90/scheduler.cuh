@@ -38,6 +38,30 @@ struct KvTileRange {
   __device__ __forceinline__ bool empty() const { return end <= begin; }
 };
 
+// The sequence a tile belongs to: the whole problem for a dense batch (p's sizes and mask, offsets 0), one
+// sequence of a variable-length batch (its sizes, its rows' offsets in the packed tensors, the mask on its
+// sizes). A dense kernel reads p directly, as before; only the Varlen instances load the offsets.
+struct SeqGeometry {
+  num::Mask mask;
+  int32_t seqlen_q = 0, seqlen_k = 0;
+  int32_t q_row0 = 0, k_row0 = 0;  // the sequence's first row in packed q / out / lse and in packed k / v
+};
+
+template <bool Varlen>
+__device__ __forceinline__ SeqGeometry seq_geometry(const FwdParams& p, const WorkTile& tile) {
+  SeqGeometry g;
+  if constexpr (Varlen) {
+    g.q_row0 = p.cu_seqlens_q[tile.batch];
+    g.seqlen_q = p.cu_seqlens_q[tile.batch + 1] - g.q_row0;
+    g.k_row0 = p.cu_seqlens_k[tile.batch];
+    g.seqlen_k = p.seqused_k != nullptr ? p.seqused_k[tile.batch] : p.cu_seqlens_k[tile.batch + 1] - g.k_row0;
+    g.mask = p.mask;  // the window sides (clamped on the longest sequence: still wide enough for this one)
+    g.mask.seqlen_q = g.seqlen_q;
+    g.mask.seqlen_k = g.seqlen_k;
+  }
+  return g;
+}
+
 template <int BlockM, int BlockN>
 __device__ __forceinline__ KvTileRange kv_tile_range(const FwdParams& p, const WorkTile& tile) {
   const int64_t row0 = int64_t(tile.m_block) * BlockM;
@@ -54,6 +78,22 @@ __device__ __forceinline__ KvTileRange kv_tile_range(const FwdParams& p, const W
     r.begin = first + int32_t(int64_t(n) * tile.split / splits);
     r.end = first + int32_t(int64_t(n) * (tile.split + 1) / splits);
   }
+  return r;
+}
+
+// The same for a tile of one sequence of a variable-length batch (its sizes and mask; never split). The order
+// covers the longest sequence, so a tile may lie past its sequence's rows: then the range is empty.
+template <int BlockM, int BlockN>
+__device__ __forceinline__ KvTileRange kv_tile_range_in_sequence(const WorkTile& tile, const SeqGeometry& g) {
+  const int64_t row0 = int64_t(tile.m_block) * BlockM;
+  KvTileRange r;
+  if (row0 >= g.seqlen_q || g.seqlen_k == 0) return r;
+  const int64_t row_last = (row0 + BlockM < g.seqlen_q ? row0 + BlockM : int64_t(g.seqlen_q)) - 1;
+  const int64_t key_begin = g.mask.key_begin(row0);
+  const int64_t key_end = g.mask.key_end(row_last);
+  if (key_end <= key_begin) return r;
+  r.begin = int32_t(key_begin / BlockN);
+  r.end = int32_t((key_end + BlockN - 1) / BlockN);
   return r;
 }
 
