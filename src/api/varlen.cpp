@@ -1,16 +1,22 @@
 // Variable-length batches (fa4.hpp, Varlen): the packed tensors and their metadata are validated here, with
-// messages naming the packed argument, then each sequence runs as a dense batch-1 problem on rank-4 views of
-// its rows, through the dense entry points (their validation and backends). CPU tensors only in this version:
-// the metadata must be readable here, and a GPU path launching one kernel per sequence would be the silent
-// slow path a varlen user does not expect.
+// messages naming the packed argument. CPU tensors: each sequence runs as a dense batch-1 problem on rank-4
+// views of its rows, through the dense entry points (their validation and backends). CUDA tensors (forward):
+// the metadata live on the device and are trusted, as FlashAttention does; everything the host can see is
+// checked (shapes, dtypes, devices, max_seqlen against the totals, the options on the longest sequence's
+// rows), then one launch of the sm_90a varlen kernel runs every sequence.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "api/select.hpp"
 #include "api/validate.hpp"
 #include "fa4/fa4.hpp"
+
+#if defined(FA4_WITH_SM90)
+#include "cuda/sm90/launch.hpp"
+#endif
 
 namespace fa4 {
 namespace {
@@ -39,7 +45,9 @@ void check_packed(const char* call, const char* arg, const Tensor& t, int64_t ro
 // The sequences, from metadata checked entry by entry.
 std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
   if (q.device != Device::cpu)
-    fail(Status::unsupported, call, "q", "CPU tensors (variable-length batches run on the CPU backend in this version)",
+    fail(Status::unsupported, call, "q",
+         "CPU tensors (the backward of a variable-length batch runs on the CPU backend in this version; its forward "
+         "also on CUDA)",
          std::string("a ") + to_string(q.device) + " tensor");
   if (q.rank != 3) fail(Status::invalid_argument, call, "q", "rank 3 [total_q, heads, head_dim]", shape3(q));
   if (k.rank != 3) fail(Status::invalid_argument, call, "k", "rank 3 [total_k, heads_kv, head_dim]", shape3(k));
@@ -149,11 +157,60 @@ void require_all(Pass pass, const std::vector<Sequence>& seqs, const Tensor& q, 
   }
 }
 
+// The CUDA forward: host-visible checks, the problem of the longest sequence's rows (dtype, head dim, options,
+// layout, backend), then the kernel. Rows that belong to no sequence are not written (FlashAttention's rule;
+// the CPU path zeroes them, having read the metadata).
+detail::Problem check_device_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const Varlen& vl, const Options& options) {
+  if (q.rank != 3) fail(Status::invalid_argument, call, "q", "rank 3 [total_q, heads, head_dim]", shape3(q));
+  if (k.rank != 3) fail(Status::invalid_argument, call, "k", "rank 3 [total_k, heads_kv, head_dim]", shape3(k));
+  check_packed(call, "v", v, k.shape[0], k.shape[1], q.shape[2], q);
+  check_packed(call, "k", k, k.shape[0], k.shape[1], q.shape[2], q);
+  if (vl.batch < 0) fail(Status::invalid_argument, call, "varlen.batch", "a batch size >= 0", std::to_string(vl.batch));
+  if (vl.cu_seqlens_q == nullptr || vl.cu_seqlens_k == nullptr)
+    fail(Status::invalid_argument, call, vl.cu_seqlens_q == nullptr ? "varlen.cu_seqlens_q" : "varlen.cu_seqlens_k",
+         "a device pointer to batch + 1 int32 offsets", "null");
+  if (vl.max_seqlen_q < 0 || vl.max_seqlen_q > q.shape[0])
+    fail(Status::invalid_argument, call, "varlen.max_seqlen_q",
+         "0 .. " + std::to_string(q.shape[0]) + " (at most total_q)", std::to_string(vl.max_seqlen_q));
+  if (vl.max_seqlen_k < 0 || vl.max_seqlen_k > k.shape[0])
+    fail(Status::invalid_argument, call, "varlen.max_seqlen_k",
+         "0 .. " + std::to_string(k.shape[0]) + " (at most total_k)", std::to_string(vl.max_seqlen_k));
+  if (options.num_splits > 1)
+    fail(Status::unsupported, call, "options.num_splits",
+         "0 or 1 for a variable-length batch on CUDA (its kernel does not split keys)", std::to_string(options.num_splits));
+  detail::check_sink_options(call, options, q.shape[1], q, true);
+  // The longest sequence's rows (starting at row 0: every offset is below total - max_seqlen + 1 only if the
+  // metadata are right, so the views are for validation, not for reading).
+  const Tensor qv = rows_view(q, 0, vl.max_seqlen_q), kv = rows_view(k, 0, vl.max_seqlen_k),
+               vv = rows_view(v, 0, vl.max_seqlen_k);
+  const detail::Problem p = detail::validate_inputs(call, qv, kv, vv, options);
+  if (detail::require_backend(call, p) != detail::Backend::cuda)
+    throw Error(Status::internal, std::string(call) + ": cuda tensors selected a host backend");
+  detail::require_layout(call, p, rows_view(q, 0, q.shape[0]), rows_view(k, 0, k.shape[0]), rows_view(v, 0, k.shape[0]));
+  return p;
+}
+
+void forward_varlen_device(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
+                           const Varlen& vl, const Options& options, Stream stream) {
+  const char* call = "fa4::forward_varlen";
+  const detail::Problem p = check_device_inputs(call, q, k, v, vl, options);
+  check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
+  if (lse) check_lse(call, *lse, q);
+#if defined(FA4_WITH_SM90)
+  sm90::forward_varlen(p, q, k, v, out, lse, vl, stream);
+#else
+  (void)p, (void)stream;
+  throw Error(Status::internal, std::string(call) + ": a CUDA backend without sm_90a kernels was selected");
+#endif
+}
+
 }  // namespace
 
 void forward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
                     const Varlen& varlen, const Options& options, Workspace workspace, Stream stream) {
   const char* call = "fa4::forward_varlen";
+  if (q.device == Device::cuda) return forward_varlen_device(q, k, v, out, lse, varlen, options, stream);
   const std::vector<Sequence> seqs = sequences(call, q, k, v, varlen);
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   if (lse) check_lse(call, *lse, q);
@@ -212,6 +269,10 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
                         const Options& options) {
   try {
+    if (q.device == Device::cuda && pass == Pass::forward) {
+      check_device_inputs("fa4::supports_varlen", q, k, v, varlen, options);
+      return {true, Status::ok, ""};
+    }
     const std::vector<Sequence> seqs = sequences("fa4::supports_varlen", q, k, v, varlen);
     require_all(pass, seqs, q, k, v, options);
     if (seqs.empty()) return supports(pass, rows_view(q, 0, 0), rows_view(k, 0, 0), rows_view(v, 0, 0), options);

@@ -512,10 +512,28 @@ def test_call_overhead_for_a_decode_shape(measurements):
     assert host_us < 1000, f"{host_us:.0f} us per call"
 
 
-def test_varlen_on_cuda_is_refused_by_the_library():
-    """Variable-length batches run on the CPU backend in this version: CUDA tensors reach the library, which
-    refuses them (no silent per-sequence GPU loop, no copy to the CPU)."""
-    q = torch.randn(9, 2, 64, device="cuda", dtype=torch.bfloat16)
-    cu = torch.tensor([0, 4, 9], dtype=torch.int32, device="cuda")
-    with pytest.raises(fa4.UnsupportedError, match="CPU backend"):
-        fa4.flash_attn_varlen_func(q, q, q, cu, cu, 5, 5)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_forward_on_cuda_matches_the_cpu_path(causal):
+    """The sm_90a varlen forward (one launch for every sequence, lengths 0 and 1 among them, GQA) against the CPU
+    backend's varlen forward on the same bf16 inputs; its backward is refused by the library, by name."""
+    lengths = [5, 0, 1, 130, 77, 64]
+    total = sum(lengths)
+    gen = torch.Generator().manual_seed(11)
+    q = torch.randn(total, 4, 128, generator=gen).to(torch.bfloat16)
+    k = torch.randn(total, 2, 128, generator=gen).to(torch.bfloat16)
+    v = torch.randn(total, 2, 128, generator=gen).to(torch.bfloat16)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32)
+    with torch.no_grad():
+        out_cpu, lse_cpu = fa4.flash_attn_varlen_func(q, k, v, cu, cu, max(lengths), max(lengths), causal=causal,
+                                                      return_lse=True)
+        out, lse = fa4.flash_attn_varlen_func(q.cuda(), k.cuda(), v.cuda(), cu.cuda(), cu.cuda(), max(lengths),
+                                              max(lengths), causal=causal, return_lse=True)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and out.shape == out_cpu.shape
+    err = (out.cpu().float() - out_cpu.float()).abs().max().item()
+    assert err <= 2e-2, f"max |cuda - cpu| = {err}"
+    assert torch.allclose(lse.cpu(), lse_cpu, atol=1e-3, rtol=1e-4)
+    qg = q.cuda().requires_grad_(True)
+    out = fa4.flash_attn_varlen_func(qg, k.cuda(), v.cuda(), cu.cuda(), cu.cuda(), max(lengths), max(lengths))
+    with pytest.raises(fa4.UnsupportedError, match="backward of a variable-length batch"):
+        out.sum().backward()

@@ -383,4 +383,85 @@ void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, cons
   if (owned) owned->free(call);
 }
 
+// Rows of a packed [total, heads, dim] tensor as the rank-4 [1, total, heads, dim] the maps and strides take.
+static Tensor packed_as_batch_one(const Tensor& t) {
+  Tensor r = t;
+  r.rank = 4;
+  r.shape = {1, t.shape[0], t.shape[1], t.shape[2]};
+  r.stride = {std::max<int64_t>(t.shape[0], 1) * t.stride[0], t.stride[0], t.stride[1], t.stride[2]};
+  return r;
+}
+
+void forward_varlen(const detail::Problem& p, const Tensor& q3, const Tensor& k3, const Tensor& v3, const Tensor& out3,
+                    const Tensor* lse2, const Varlen& vl, Stream stream) {
+  const char* call = "fa4::forward_varlen";
+  if (vl.batch == 0 || vl.max_seqlen_q == 0 || p.heads_q == 0) return;  // no row of any sequence
+  const int row = fwd_varlen_row(int(p.head_dim));
+  if (row < 0) throw Error(Status::internal, std::string(call) + ": no varlen row for head dim " + std::to_string(p.head_dim));
+  const FwdTile& tile = kFwdTiles[row];
+  const int64_t num_m_blocks = (vl.max_seqlen_q + tile.block_m - 1) / tile.block_m;
+  const int64_t num_tiles = num_m_blocks * p.heads_q * vl.batch;
+  if (num_tiles > kMaxIndex / 2 || vl.batch > kMaxIndex)
+    unsupported(call, "varlen.batch", "at most 2^30 query tiles of " + std::to_string(tile.block_m) +
+                                          " rows (batch·heads·ceil(max_seqlen_q / block_m))",
+                std::to_string(num_tiles));
+  const Tensor q = packed_as_batch_one(q3), k = packed_as_batch_one(k3), v = packed_as_batch_one(v3);
+  const DeviceGuard device(call, q.device_index);
+  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
+
+  FwdParams params;
+  const CoordSteps q_steps = map_tensor(q, p.head_dim, uint32_t(tile.block_m), &params.q_map);
+  params.q_head_step = q_steps.head;
+  params.q_batch_step = 0;  // one packed batch: rows are offset by the sequence's start instead
+  if (k3.shape[0] > 0) {    // no key at all: nothing is loaded (and the maps are never encoded)
+    const CoordSteps k_steps = map_tensor(k, p.head_dim, uint32_t(tile.block_n), &params.k_map);
+    const CoordSteps v_steps = map_tensor(v, p.head_dim, uint32_t(tile.block_n), &params.v_map);
+    params.k_head_step = k_steps.head, params.v_head_step = v_steps.head;
+    params.k_batch_step = 0, params.v_batch_step = 0;
+  }
+  // Per-thread stores bounded by each sequence's length (a TMA box would write into the next sequence's rows).
+  params.out_tma = false;
+  params.out = out3.data;
+  params.out_stride_b = 0;
+  params.out_stride_s = out3.stride[0];
+  params.out_stride_h = out3.stride[1];
+  params.out_pairs_aligned = reinterpret_cast<uintptr_t>(out3.data) % 4 == 0 && out3.stride[0] % 2 == 0 &&
+                             out3.stride[1] % 2 == 0;
+  if (lse2 != nullptr) {  // [heads, total_q]
+    params.lse = static_cast<float*>(lse2->data);
+    params.lse_stride_b = 0;
+    params.lse_stride_h = lse2->stride[0];
+    params.lse_stride_s = lse2->stride[1];
+  }
+  if (p.sinks != nullptr) {
+    params.sinks = static_cast<const float*>(p.sinks->data);
+    params.sinks_stride = p.sinks->stride[0];
+  }
+  params.seqlen_q = int32_t(vl.max_seqlen_q);
+  params.seqlen_k = int32_t(vl.max_seqlen_k);
+  params.group = int32_t(p.group());
+  params.order.num_m_blocks = int32_t(num_m_blocks);
+  params.order.heads_q = int32_t(p.heads_q);
+  params.order.batch = int32_t(vl.batch);
+  params.order.num_splits = 1;
+  params.order.lpt = false;  // static: every tile takes its own sequence's sizes (a tile past them does nothing)
+  params.mask = p.mask;      // built on the longest sizes; each tile puts its sequence's sizes in (scheduler.cuh)
+  params.score = num::ScoreTransform::make(p.scale, p.softcap);
+  params.rescale_threshold = p.rescale_threshold;
+  params.exp2_emulated_per16 = p.exp2_emulated_per16;
+  params.cu_seqlens_q = vl.cu_seqlens_q;
+  params.cu_seqlens_k = vl.cu_seqlens_k;
+  params.seqused_k = vl.seqused_k;
+
+  const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
+  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
+#if FA4_TRACE
+  params.trace = trace::begin_launch("sm90 fwd varlen " + std::string(to_string(p.dtype)) + " d" +
+                                         std::to_string(p.head_dim) + " (row " + std::to_string(row) + ")",
+                                     grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
+#endif
+  throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/true, params, grid, cu_stream),
+                      "sm_90a varlen forward launch failed");
+}
+
 }  // namespace fa4::sm90
