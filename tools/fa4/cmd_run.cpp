@@ -143,13 +143,23 @@ Tensor rows_of(const HostTensor& packed, int64_t row0, int64_t rows) {
   return t;
 }
 
-// The packed [total, heads, d] (rank 3) view of a [1, total, heads, d] host tensor.
-Tensor packed_view(const HostTensor& t) {
-  Tensor p = t.desc();
+// The packed [total, heads, d] (rank 3) view of a [1, total, heads, d] tensor (host, or its device mirror).
+Tensor packed_view(const Tensor& t) {
+  Tensor p = t;
   p.rank = 3;
-  p.shape = {t.desc().shape[1], t.desc().shape[2], t.desc().shape[3], 1};
-  p.stride = {t.desc().stride[1], t.desc().stride[2], t.desc().stride[3], 1};
+  p.shape = {t.shape[1], t.shape[2], t.shape[3], 1};
+  p.stride = {t.stride[1], t.stride[2], t.stride[3], 1};
   return p;
+}
+Tensor packed_view(const HostTensor& t) { return packed_view(t.desc()); }
+
+// The [heads, total] varlen lse of a [1, heads, total] lse tensor.
+Tensor varlen_lse_view(const Tensor& t) {
+  Tensor l = t;
+  l.rank = 2;
+  l.shape = {t.shape[1], t.shape[2], 1, 1};
+  l.stride = {t.stride[1], t.stride[2], 0, 0};
+  return l;
 }
 
 // `fa4 run --varlen L1,L2,...`: one variable-length batch (sequence b has L_b queries and L_b keys) through
@@ -174,24 +184,49 @@ void run_varlen(const RunArgs& a) {
   k.fill_normal(pa.seed * 7 + 2);
   v.fill_normal(pa.seed * 7 + 3);
   out.poison();
-  std::vector<float> lse_data(size_t(h * total), std::numeric_limits<float>::quiet_NaN());
-  Tensor lse = Tensor::contiguous3(lse_data.data(), DType::f32, Device::cpu, {h, total, 1});
-  lse.rank = 2;
+  auto lse_host = HostTensor::make_lse({1, h, total});
+  lse_host.poison();
+  const Tensor lse = varlen_lse_view(lse_host.desc());
   Varlen vl;
   vl.cu_seqlens_q = vl.cu_seqlens_k = cu.data();
   vl.batch = int64_t(lens.size());
   vl.max_seqlen_q = vl.max_seqlen_k = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
   const Tensor q3 = packed_view(q), k3 = packed_view(k), v3 = packed_view(v), out3 = packed_view(out);
 
-  // The library decides where a varlen batch runs; only host tensors are offered until a CUDA varlen path exists
-  // here and in the library (supports_varlen refuses CUDA tensors today, and --backend cuda says so).
-  if (a.backend == "cuda")
-    throw Error(Status::unsupported, "fa4 run: --backend cuda with --varlen: the library runs variable-length "
-                                     "batches on the CPU backend only in this version");
-  const Support fwd = supports_varlen(Pass::forward, q3, k3, v3, vl, opts);
-  if (!fwd.ok) throw Error(fwd.code, fwd.reason);
-  const bool do_bwd = a.pass != "fwd";
-  fmt::print("backend   cpu ({})\n", a.backend == "cpu" ? "requested" : "variable-length batches run on the CPU backend");
+  // The GPU when it can run the forward (the varlen backward runs on the CPU backend only: with --pass auto it is
+  // then not run, with bwd or both the CPU runs the whole call); the metadata go to the device as an engine's do.
+  const bool require_bwd = a.pass == "bwd" || a.pass == "both";
+  std::string why = a.backend == "cpu" ? "requested" : gpu::unavailable_reason();
+  std::unique_ptr<gpu::Mirror> gq, gk, gv, gout, glse;
+  std::unique_ptr<gpu::Buffer> gcu;
+  Varlen gvl = vl;
+  bool cuda = false;
+  if (a.backend != "cpu" && why.empty()) {
+    gq = std::make_unique<gpu::Mirror>(q), gk = std::make_unique<gpu::Mirror>(k), gv = std::make_unique<gpu::Mirror>(v);
+    gcu = std::make_unique<gpu::Buffer>(cu.size() * sizeof(int32_t));
+    gcu->upload(cu.data(), cu.size() * sizeof(int32_t));
+    gvl.cu_seqlens_q = gvl.cu_seqlens_k = static_cast<const int32_t*>(gcu->data());
+    const Support fwd = supports_varlen(Pass::forward, packed_view(gq->desc()), packed_view(gk->desc()),
+                                        packed_view(gv->desc()), gvl, opts);
+    const Support bwd = supports_varlen(Pass::backward, packed_view(gq->desc()), packed_view(gk->desc()),
+                                        packed_view(gv->desc()), gvl, bwd_opts);
+    if (!fwd.ok)
+      why = fwd.reason;
+    else if (require_bwd && !bwd.ok)
+      why = bwd.reason;
+    else
+      cuda = true, why = detail::cuda_devices()[0].name;
+  }
+  if (a.backend == "cuda" && !cuda) throw Error(Status::unsupported, "fa4 run: --backend cuda: " + why);
+  if (cuda) {
+    gout = std::make_unique<gpu::Mirror>(out), glse = std::make_unique<gpu::Mirror>(lse_host);
+  } else {
+    const Support fwd = supports_varlen(Pass::forward, q3, k3, v3, vl, opts);
+    if (!fwd.ok) throw Error(fwd.code, fwd.reason);
+  }
+  const bool do_bwd = a.pass != "fwd" && !cuda;
+  fmt::print("backend   {} ({})\n", cuda ? "cuda" : "cpu", why.empty() ? "no GPU" : why);
+  if (cuda && a.pass == "auto") fmt::print("backward  not run on cuda: the varlen backward runs on the CPU backend only\n");
   std::string shape = fmt::format("varlen b={} total={} lens [", lens.size(), total);
   for (size_t i = 0; i < lens.size() && i < 8; ++i) shape += fmt::format("{}{}", i ? ", " : "", lens[i]);
   shape += lens.size() > 8 ? ", ...]" : "]";
@@ -205,7 +240,17 @@ void run_varlen(const RunArgs& a) {
     fl_fwd += attention_flops(1, h, n, n, d, opts, Pass::forward);
     fl_bwd += attention_flops(1, h, n, n, d, opts, Pass::backward);
   }
-  const double fsec = median_seconds([&] { forward_varlen(q3, k3, v3, out3, &lse, vl, opts); }, a.iters);
+  double fsec = 0;
+  if (cuda) {
+    const Tensor glse_view = varlen_lse_view(glse->desc());
+    fsec = gpu::median_ms([&] {
+      forward_varlen(packed_view(gq->desc()), packed_view(gk->desc()), packed_view(gv->desc()),
+                     packed_view(gout->desc()), &glse_view, gvl, opts);
+    }, a.iters) * 1e-3;
+    gout->copy_to(out), glse->copy_to(lse_host);
+  } else {
+    fsec = median_seconds([&] { forward_varlen(q3, k3, v3, out3, &lse, vl, opts); }, a.iters);
+  }
   if (a.pass != "bwd")
     print_timing("forward", fsec, fl_fwd, a.iters);
   HostTensor dout, dq, dk, dv;

@@ -49,6 +49,11 @@ Buffer::Buffer(std::size_t bytes, int fill) : bytes_(bytes) {
 
 Buffer::~Buffer() { cudaFree(ptr_); }
 
+void Buffer::upload(const void* host, std::size_t bytes) {
+  if (bytes > bytes_) throw Error(Status::internal, "gpu::Buffer::upload: more bytes than the buffer holds");
+  if (bytes > 0) check(cudaMemcpy(ptr_, host, bytes, cudaMemcpyHostToDevice), "copy to device");
+}
+
 double median_ms(const std::vector<std::function<void()>>& calls, int iters) {
   const int n = static_cast<int>(calls.size());
   if (n == 0) return 0;
@@ -152,6 +157,7 @@ Mirror::~Mirror() = default;
 void Mirror::copy_to(testing::HostTensor&) const {}
 Buffer::Buffer(std::size_t, int) { no_cuda(); }
 Buffer::~Buffer() = default;
+void Buffer::upload(const void*, std::size_t) { no_cuda(); }
 double median_ms(const std::function<void()>&, int) { no_cuda(); }
 double host_us_per_call(const std::function<void()>&, int) { no_cuda(); }
 double median_ms(const std::vector<std::function<void()>>&, int) { no_cuda(); }

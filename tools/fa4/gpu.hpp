@@ -44,6 +44,8 @@ class Buffer {
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   Workspace workspace() const { return {ptr_, bytes_}; }
+  void* data() const { return ptr_; }
+  void upload(const void* host, std::size_t bytes);  // host -> the first `bytes` bytes (at most its size)
 
  private:
   void* ptr_ = nullptr;
