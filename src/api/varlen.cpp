@@ -42,13 +42,9 @@ void check_packed(const char* call, const char* arg, const Tensor& t, int64_t ro
          std::string(to_string(t.dtype)) + " on " + to_string(t.device));
 }
 
-// The sequences, from metadata checked entry by entry.
-std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
-  if (q.device != Device::cpu)
-    fail(Status::unsupported, call, "q",
-         "CPU tensors (the backward of a variable-length batch runs on the CPU backend in this version; its forward "
-         "also on CUDA)",
-         std::string("a ") + to_string(q.device) + " tensor");
+// What every varlen call checks first: q, k, v packed and alike, a batch size, both offset arrays given (host
+// arrays for CPU tensors, device arrays for CUDA ones).
+void check_packed_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
   if (q.rank != 3) fail(Status::invalid_argument, call, "q", "rank 3 [total_q, heads, head_dim]", shape3(q));
   if (k.rank != 3) fail(Status::invalid_argument, call, "k", "rank 3 [total_k, heads_kv, head_dim]", shape3(k));
   check_packed(call, "v", v, k.shape[0], k.shape[1], q.shape[2], q);
@@ -56,7 +52,19 @@ std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor&
   if (vl.batch < 0) fail(Status::invalid_argument, call, "varlen.batch", "a batch size >= 0", std::to_string(vl.batch));
   if (vl.cu_seqlens_q == nullptr || vl.cu_seqlens_k == nullptr)
     fail(Status::invalid_argument, call, vl.cu_seqlens_q == nullptr ? "varlen.cu_seqlens_q" : "varlen.cu_seqlens_k",
-         "a pointer to batch + 1 int32 offsets", "null");
+         std::string("a pointer to batch + 1 int32 offsets (in ") + (q.device == Device::cuda ? "device" : "host") +
+             " memory, where the tensors are)",
+         "null");
+}
+
+// The sequences, from metadata checked entry by entry.
+std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
+  if (q.device != Device::cpu)
+    fail(Status::unsupported, call, "q",
+         "CPU tensors (the backward of a variable-length batch runs on the CPU backend in this version; its forward "
+         "also on CUDA)",
+         std::string("a ") + to_string(q.device) + " tensor");
+  check_packed_inputs(call, q, k, v, vl);
   auto check_offsets = [&](const int32_t* cu, const char* name, int64_t total) {
     const std::string arg = std::string("varlen.") + name;
     if (cu[0] != 0) fail(Status::invalid_argument, call, arg + "[0]", "0", std::to_string(cu[0]));
@@ -162,14 +170,7 @@ void require_all(Pass pass, const std::vector<Sequence>& seqs, const Tensor& q, 
 // the CPU path zeroes them, having read the metadata).
 detail::Problem check_device_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v,
                                     const Varlen& vl, const Options& options) {
-  if (q.rank != 3) fail(Status::invalid_argument, call, "q", "rank 3 [total_q, heads, head_dim]", shape3(q));
-  if (k.rank != 3) fail(Status::invalid_argument, call, "k", "rank 3 [total_k, heads_kv, head_dim]", shape3(k));
-  check_packed(call, "v", v, k.shape[0], k.shape[1], q.shape[2], q);
-  check_packed(call, "k", k, k.shape[0], k.shape[1], q.shape[2], q);
-  if (vl.batch < 0) fail(Status::invalid_argument, call, "varlen.batch", "a batch size >= 0", std::to_string(vl.batch));
-  if (vl.cu_seqlens_q == nullptr || vl.cu_seqlens_k == nullptr)
-    fail(Status::invalid_argument, call, vl.cu_seqlens_q == nullptr ? "varlen.cu_seqlens_q" : "varlen.cu_seqlens_k",
-         "a device pointer to batch + 1 int32 offsets", "null");
+  check_packed_inputs(call, q, k, v, vl);
   if (vl.max_seqlen_q < 0 || vl.max_seqlen_q > q.shape[0])
     fail(Status::invalid_argument, call, "varlen.max_seqlen_q",
          "0 .. " + std::to_string(q.shape[0]) + " (at most total_q)", std::to_string(vl.max_seqlen_q));

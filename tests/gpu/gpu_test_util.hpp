@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "api/device_info.hpp"
 #include "fa4/fa4.hpp"
@@ -33,6 +35,28 @@ inline bool have_sm90() {
     const cudaError_t e_ = (expr);                                                                    \
     ASSERT_EQ(e_, cudaSuccess) << #expr << " -> " << cudaGetErrorName(e_) << ": " << cudaGetErrorString(e_); \
   } while (0)
+
+// The compiled sm90 kernels of one pass, as (dtype, head dim) pairs: the rows of src/cuda/instances.def.
+inline std::vector<std::pair<fa4::DType, int>> compiled_instances(bool backward) {
+  std::vector<std::pair<fa4::DType, int>> rows;
+#define FA4_IF_sm90(...) __VA_ARGS__
+#define FA4_IF_sm100(...)
+#define FA4_IF_fwd(...) \
+  if (!backward) {      \
+    __VA_ARGS__         \
+  }
+#define FA4_IF_bwd(...) \
+  if (backward) {       \
+    __VA_ARGS__         \
+  }
+#define FA4_KERNEL(arch, pass, dtype, head_dim) FA4_IF_##arch(FA4_IF_##pass(rows.push_back({fa4::DType::dtype, head_dim});))
+#include "cuda/instances.def"
+#undef FA4_IF_sm90
+#undef FA4_IF_sm100
+#undef FA4_IF_fwd
+#undef FA4_IF_bwd
+  return rows;
+}
 
 // A device copy of a host tensor: same logical shape and strides, the same dense byte image.
 class DeviceCopy {

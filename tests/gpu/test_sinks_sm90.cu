@@ -68,25 +68,6 @@ struct SinkCase : GpuCase {
   std::string name() const { return spec().name() + " sinks"; }
 };
 
-struct Instance {
-  DType dtype;
-  int head_dim;
-};
-std::vector<Instance> compiled(bool backward) {
-  std::vector<Instance> rows;
-#define FA4_IF_sm90(...) __VA_ARGS__
-#define FA4_IF_sm100(...)
-#define FA4_IF_fwd(...) if (!backward) {__VA_ARGS__}
-#define FA4_IF_bwd(...) if (backward) {__VA_ARGS__}
-#define FA4_KERNEL(arch, pass, dtype, head_dim) FA4_IF_##arch(FA4_IF_##pass(rows.push_back({DType::dtype, head_dim});))
-#include "cuda/instances.def"
-#undef FA4_IF_sm90
-#undef FA4_IF_sm100
-#undef FA4_IF_fwd
-#undef FA4_IF_bwd
-  return rows;
-}
-
 // The dtype's unit roundoff (round to nearest) of a stored output element.
 double roundoff(DType dtype) { return dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
 
@@ -224,8 +205,8 @@ const Shape kShapes[] = {{77, 45}, {300, 513}, {129, 1000}, {64, 0}, {0, 77}, {1
 
 void sweep(bool backward) {
   uint64_t seed = backward ? 900 : 800;
-  for (const Instance& inst : compiled(backward))
-    for_each_sweep_case<SinkCase>(inst.dtype, inst.head_dim, kShapes, seed, [&](SinkCase& c, int) {
+  for (const auto& [dtype, head_dim] : compiled_instances(backward))
+    for_each_sweep_case<SinkCase>(dtype, head_dim, kShapes, seed, [&](SinkCase& c, int) {
       c.backward = backward;
       check_sink_case(c);
     });

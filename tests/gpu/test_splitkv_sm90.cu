@@ -120,21 +120,6 @@ void check_split_case(const SplitCase& c) {
   std::fflush(stdout);
 }
 
-std::vector<std::pair<DType, int>> compiled_forward() {
-  std::vector<std::pair<DType, int>> rows;
-#define FA4_IF_sm90(...) __VA_ARGS__
-#define FA4_IF_sm100(...)
-#define FA4_IF_fwd(...) __VA_ARGS__
-#define FA4_IF_bwd(...)
-#define FA4_KERNEL(arch, pass, dtype, head_dim) FA4_IF_##arch(FA4_IF_##pass(rows.push_back({DType::dtype, head_dim});))
-#include "cuda/instances.def"
-#undef FA4_IF_sm90
-#undef FA4_IF_sm100
-#undef FA4_IF_fwd
-#undef FA4_IF_bwd
-  return rows;
-}
-
 struct SplitShape {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
   bool causal;
@@ -152,7 +137,7 @@ const SplitShape kShapes[] = {
 TEST(GpuSplitKvSm90, ForcedSplitsMatchTheReference) {
   REQUIRE_SM90();
   uint64_t seed = 5000;
-  for (const auto& [dtype, head_dim] : compiled_forward())
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false))
     for (const SplitShape& s : kShapes)
       for (int splits : {1, 2, 3, 7, 200}) {
         SplitCase c;

@@ -174,31 +174,12 @@ void check_varlen(const VarlenCase& c) {
   std::fflush(stdout);
 }
 
-struct Instance {
-  DType dtype;
-  int head_dim;
-};
-std::vector<Instance> forward_instances() {
-  std::vector<Instance> rows;
-#define FA4_IF_sm90(...) __VA_ARGS__
-#define FA4_IF_sm100(...)
-#define FA4_IF_fwd(...) __VA_ARGS__
-#define FA4_IF_bwd(...)
-#define FA4_KERNEL(arch, pass, dtype, head_dim) FA4_IF_##arch(FA4_IF_##pass(rows.push_back({DType::dtype, head_dim});))
-#include "cuda/instances.def"
-#undef FA4_IF_sm90
-#undef FA4_IF_sm100
-#undef FA4_IF_fwd
-#undef FA4_IF_bwd
-  return rows;
-}
-
 TEST(GpuVarlenSm90, EveryInstanceEveryMask) {
   REQUIRE_SM90();
   uint64_t seed = 300;
-  for (const Instance& inst : forward_instances()) {
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false)) {
     VarlenCase c;
-    c.dtype = inst.dtype, c.head_dim = inst.head_dim;
+    c.dtype = dtype, c.head_dim = head_dim;
     // Ragged: empty, one row, a tile and a tail, longer queries than keys (causal rows with no key), 0 keys.
     c.len_q = {77, 0, 1, 300, 129, 40, 5};
     c.len_k = {45, 3, 1, 513, 129, 0, 200};
