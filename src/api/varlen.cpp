@@ -168,8 +168,13 @@ void require_all(Pass pass, const std::vector<Sequence>& seqs, const Tensor& q, 
 // The CUDA forward: host-visible checks, the problem of the longest sequence's rows (dtype, head dim, options,
 // layout, backend), then the kernel. Rows that belong to no sequence are not written (FlashAttention's rule;
 // the CPU path zeroes them, having read the metadata).
-detail::Problem check_device_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const Varlen& vl, const Options& options) {
+struct DeviceProblem {
+  detail::Problem p;
+  Tensor q, k, v;  // every packed row as one batch: [1, total, heads, d]
+};
+
+DeviceProblem check_device_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v,
+                                  const Varlen& vl, const Options& options) {
   check_packed_inputs(call, q, k, v, vl);
   if (vl.max_seqlen_q < 0 || vl.max_seqlen_q > q.shape[0])
     fail(Status::invalid_argument, call, "varlen.max_seqlen_q",
@@ -188,20 +193,21 @@ detail::Problem check_device_inputs(const char* call, const Tensor& q, const Ten
   const detail::Problem p = detail::validate_inputs(call, qv, kv, vv, options);
   if (detail::require_backend(call, p) != detail::Backend::cuda)
     throw Error(Status::internal, std::string(call) + ": cuda tensors selected a host backend");
-  detail::require_layout(call, p, rows_view(q, 0, q.shape[0]), rows_view(k, 0, k.shape[0]), rows_view(v, 0, k.shape[0]));
-  return p;
+  DeviceProblem d{p, rows_view(q, 0, q.shape[0]), rows_view(k, 0, k.shape[0]), rows_view(v, 0, k.shape[0])};
+  detail::require_layout(call, p, d.q, d.k, d.v);
+  return d;
 }
 
 void forward_varlen_device(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
                            const Varlen& vl, const Options& options, Stream stream) {
   const char* call = "fa4::forward_varlen";
-  const detail::Problem p = check_device_inputs(call, q, k, v, vl, options);
+  const DeviceProblem d = check_device_inputs(call, q, k, v, vl, options);
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   if (lse) check_lse(call, *lse, q);
 #if defined(FA4_WITH_SM90)
-  sm90::forward_varlen(p, q, k, v, out, lse, vl, stream);
+  sm90::forward_varlen(d.p, d.q, d.k, d.v, out, lse, vl, stream);
 #else
-  (void)p, (void)stream;
+  (void)d, (void)stream;
   throw Error(Status::internal, std::string(call) + ": a CUDA backend without sm_90a kernels was selected");
 #endif
 }

@@ -49,13 +49,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, linear);
     const WorkTile tile = p.order.tile(linear);
     SeqGeometry geo;  // varlen: the tile's sequence; dense: unused (p's sizes and mask)
-    KvTileRange range;
-    if constexpr (Varlen) {
-      geo = seq_geometry<true>(p, tile);
-      range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(tile, geo);
-    } else {
-      range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
-    }
+    const KvTileRange range = tile_kv_range<Config::kBlockM, Config::kBlockN, Varlen>(p, tile, geo);
     ptx::WgmmaAccumulator<Config::kHeadDim> o;
     RowState rows = initial_rows(p, tile.head);
     if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf (or the sink); nothing loaded

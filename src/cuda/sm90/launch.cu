@@ -383,16 +383,7 @@ void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, cons
   if (owned) owned->free(call);
 }
 
-// Rows of a packed [total, heads, dim] tensor as the rank-4 [1, total, heads, dim] the maps and strides take.
-static Tensor packed_as_batch_one(const Tensor& t) {
-  Tensor r = t;
-  r.rank = 4;
-  r.shape = {1, t.shape[0], t.shape[1], t.shape[2]};
-  r.stride = {std::max<int64_t>(t.shape[0], 1) * t.stride[0], t.stride[0], t.stride[1], t.stride[2]};
-  return r;
-}
-
-void forward_varlen(const detail::Problem& p, const Tensor& q3, const Tensor& k3, const Tensor& v3, const Tensor& out3,
+void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out3,
                     const Tensor* lse2, const Varlen& vl, Stream stream) {
   const char* call = "fa4::forward_varlen";
   if (vl.batch == 0 || vl.max_seqlen_q == 0 || p.heads_q == 0) return;  // no row of any sequence
@@ -405,7 +396,6 @@ void forward_varlen(const detail::Problem& p, const Tensor& q3, const Tensor& k3
     unsupported(call, "varlen.batch", "at most 2^30 query tiles of " + std::to_string(tile.block_m) +
                                           " rows (batch·heads·ceil(max_seqlen_q / block_m))",
                 std::to_string(num_tiles));
-  const Tensor q = packed_as_batch_one(q3), k = packed_as_batch_one(k3), v = packed_as_batch_one(v3);
   const DeviceGuard device(call, q.device_index);
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
 
@@ -413,7 +403,7 @@ void forward_varlen(const detail::Problem& p, const Tensor& q3, const Tensor& k3
   const CoordSteps q_steps = map_tensor(q, p.head_dim, uint32_t(tile.block_m), &params.q_map);
   params.q_head_step = q_steps.head;
   params.q_batch_step = 0;  // one packed batch: rows are offset by the sequence's start instead
-  if (k3.shape[0] > 0) {    // no key at all: nothing is loaded (and the maps are never encoded)
+  if (k.shape[kSeq] > 0) {  // no key at all: nothing is loaded (and the maps are never encoded)
     const CoordSteps k_steps = map_tensor(k, p.head_dim, uint32_t(tile.block_n), &params.k_map);
     const CoordSteps v_steps = map_tensor(v, p.head_dim, uint32_t(tile.block_n), &params.v_map);
     params.k_head_step = k_steps.head, params.v_head_step = v_steps.head;

@@ -52,8 +52,9 @@ size_t forward_workspace_bytes(const detail::Problem& p);
 void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
              const Tensor* lse, Workspace workspace, Stream stream);
 
-// The variable-length forward (fa4::forward_varlen on CUDA tensors): q, out [total_q, h, d], k, v [total_k, h_kv,
-// d], lse [h, total_q] or null, the metadata device int32 arrays (trusted, as FlashAttention does). `p` was
+// The variable-length forward (fa4::forward_varlen on CUDA tensors): q, k, v as one batch of their packed rows
+// ([1, total, heads, d], as the API checked their layout), out [total_q, h, d], lse [h, total_q] or null, the
+// metadata device int32 arrays (trusted, as FlashAttention does). `p` was
 // validated on the longest sequence's rows ([1, max_seqlen, ...] views): dtype, head dim, options, mask sides.
 // One launch of the head dim's varlen kernel; rows that belong to no sequence are not written.
 void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,

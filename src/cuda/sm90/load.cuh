@@ -59,8 +59,8 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     const WorkTile tile = p.order.tile(linear);
     KvTileRange range;
     int32_t q_row0 = 0, k_row0 = 0;  // the sequence's first rows in packed q and k/v (varlen)
-    if constexpr (Varlen) {
-      const SeqGeometry geo = seq_geometry<true>(p, tile);
+    if constexpr (Varlen) {  // tile_kv_range spelled out: through it the dense producer's SASS changes (d = 128)
+      const SeqGeometry geo = seq_geometry(p, tile);
       range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(tile, geo);
       q_row0 = geo.q_row0, k_row0 = geo.k_row0;
     } else {

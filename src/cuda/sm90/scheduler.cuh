@@ -47,18 +47,15 @@ struct SeqGeometry {
   int32_t q_row0 = 0, k_row0 = 0;  // the sequence's first row in packed q / out / lse and in packed k / v
 };
 
-template <bool Varlen>
 __device__ __forceinline__ SeqGeometry seq_geometry(const FwdParams& p, const WorkTile& tile) {
   SeqGeometry g;
-  if constexpr (Varlen) {
-    g.q_row0 = p.cu_seqlens_q[tile.batch];
-    g.seqlen_q = p.cu_seqlens_q[tile.batch + 1] - g.q_row0;
-    g.k_row0 = p.cu_seqlens_k[tile.batch];
-    g.seqlen_k = p.seqused_k != nullptr ? p.seqused_k[tile.batch] : p.cu_seqlens_k[tile.batch + 1] - g.k_row0;
-    g.mask = p.mask;  // the window sides (clamped on the longest sequence: still wide enough for this one)
-    g.mask.seqlen_q = g.seqlen_q;
-    g.mask.seqlen_k = g.seqlen_k;
-  }
+  g.q_row0 = p.cu_seqlens_q[tile.batch];
+  g.seqlen_q = p.cu_seqlens_q[tile.batch + 1] - g.q_row0;
+  g.k_row0 = p.cu_seqlens_k[tile.batch];
+  g.seqlen_k = p.seqused_k != nullptr ? p.seqused_k[tile.batch] : p.cu_seqlens_k[tile.batch + 1] - g.k_row0;
+  g.mask = p.mask;  // the window sides (clamped on the longest sequence: still wide enough for this one)
+  g.mask.seqlen_q = g.seqlen_q;
+  g.mask.seqlen_k = g.seqlen_k;
   return g;
 }
 
@@ -95,6 +92,18 @@ __device__ __forceinline__ KvTileRange kv_tile_range_in_sequence(const WorkTile&
   r.begin = int32_t(key_begin / BlockN);
   r.end = int32_t((key_end + BlockN - 1) / BlockN);
   return r;
+}
+
+// The tile's K/V tiles for a consumer: a dense tile's from p (geo untouched), a varlen tile's from its sequence
+// (geo filled in for the caller). The dense kernels' SASS is the same as with kv_tile_range called directly.
+template <int BlockM, int BlockN, bool Varlen>
+__device__ __forceinline__ KvTileRange tile_kv_range(const FwdParams& p, const WorkTile& tile, SeqGeometry& geo) {
+  if constexpr (Varlen) {
+    geo = seq_geometry(p, tile);
+    return kv_tile_range_in_sequence<BlockM, BlockN>(tile, geo);
+  } else {
+    return kv_tile_range<BlockM, BlockN>(p, tile);
+  }
 }
 
 }  // namespace fa4::sm90
