@@ -1,9 +1,11 @@
-// KV-cache attention (fa4.hpp, KvCache): the cache layout and its metadata are validated here, entry by entry,
-// with messages naming the argument and the index; then the new keys are appended in place, and each sequence
-// runs as a dense batch-1 problem through the dense entry point (its validation, options and backends): a view
-// of a contiguous cache, or the sequence's pages gathered into one host buffer. CPU tensors only in this
-// version: the metadata must be readable here, and a GPU path gathering pages on the host would be the silent
-// slow path a decode user does not expect.
+// KV-cache attention (fa4.hpp, KvCache). CPU tensors: the cache layout and its metadata are validated here,
+// entry by entry, with messages naming the argument and the index; then the new keys are appended in place, and
+// each sequence runs as a dense batch-1 problem through the dense entry point (its validation, options and
+// backends): a view of a contiguous cache, or the sequence's pages gathered into one host buffer.
+// CUDA tensors: the metadata (cache_seqlens, page_table) live on the device and are trusted, as FlashAttention
+// does; everything the host can see is checked (shapes, dtypes, devices, layouts, that the append fits the
+// capacity, the options against q and a [batch, capacity] view of the keys), then the sm_90a path appends and
+// attends in two launches, reading the pages in place.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -11,8 +13,13 @@
 #include <utility>
 #include <vector>
 
+#include "api/select.hpp"
 #include "api/validate.hpp"
 #include "fa4/fa4.hpp"
+
+#if defined(FA4_WITH_SM90)
+#include "cuda/sm90/launch.hpp"
+#endif
 
 namespace fa4 {
 namespace {
@@ -58,9 +65,7 @@ void check_kind(const char* call, const char* arg, const Tensor& t, const Tensor
 }
 
 Cache describe(const char* call, const Tensor& q, const Tensor& kc, const Tensor& vc, const KvCache& kv) {
-  if (q.device != Device::cpu)
-    fail(Status::unsupported, call, "q", "CPU tensors (KV-cache attention runs on the CPU backend in this version)",
-         std::string("a ") + to_string(q.device) + " tensor");
+  const bool on_host = q.device == Device::cpu;  // else the metadata are device memory: trusted, not read here
   if (q.rank != 4) invalid(call, "q", "rank 4 [batch, seqlen_q, heads, head_dim]", "rank " + str(q.rank));
   check_kind(call, "k_cache", kc, q);
   check_kind(call, "v_cache", vc, q);
@@ -103,6 +108,11 @@ Cache describe(const char* call, const Tensor& q, const Tensor& kc, const Tensor
   if (kv.cache_seqlens == nullptr && c.seqlen_new > 0)
     invalid(call, "kvcache.k_new", "null when cache_seqlens is null (every cache is then full: nothing fits)",
             "a tensor of " + str(c.seqlen_new) + " keys per sequence");
+  if (c.seqlen_new > c.capacity)
+    invalid(call, "kvcache.k_new",
+            "at most " + str(c.capacity) + " keys per sequence (the capacity of a sequence's cache)",
+            str(c.seqlen_new) + " keys");
+  if (!on_host) return c;
   // Per sequence: how many keys are cached, that the append fits, and the pages the keys need.
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t cached = kv.cache_seqlens ? kv.cache_seqlens[b] : c.capacity;
@@ -224,12 +234,52 @@ void require_all(const Cache& c, const Tensor& q, const Tensor& kc, const Option
   }
 }
 
+// CUDA tensors: the problem the kernels run, validated on q against the keys as [batch, capacity, heads_kv,
+// head_dim] (the contiguous cache itself; for a paged one a view of that shape, and the pages' own layout).
+detail::Problem device_problem(const char* call, const Cache& c, const Tensor& q, const Tensor& kc, const Tensor& vc,
+                               const Options& options) {
+  if (!c.paged) return detail::validate_inputs(call, q, kc, vc, options);
+  const Tensor keys = Tensor::contiguous(kc.data, kc.dtype, kc.device, {c.batch, c.capacity, c.heads_kv, c.head_dim});
+  Tensor keys_on_device = keys;
+  keys_on_device.device_index = kc.device_index;
+  const detail::Problem p = detail::validate_inputs(call, q, keys_on_device, keys_on_device, options);
+  detail::require_layout(call, p, q, kc, vc);  // the pages as [num_pages, page_size, heads_kv, head_dim]
+  return p;
+}
+
+void forward_kvcache_device(const char* call, const Cache& c, const Tensor& q, const Tensor& kc, const Tensor& vc,
+                            const Tensor& out, const Tensor* lse, const KvCache& kv, const Options& options,
+                            Workspace workspace, Stream stream) {
+  const detail::Problem p = device_problem(call, c, q, kc, vc, options);
+#if defined(FA4_WITH_SM90)
+  const size_t need = sm90::forward_workspace_bytes(p);
+  if (!(workspace.data == nullptr && workspace.bytes == 0) && workspace.bytes < need)
+    invalid(call, "workspace", str(int64_t(need)) + " bytes (see workspace_size), or none", str(int64_t(workspace.bytes)) + " bytes");
+  sm90::KvCacheArgs args;
+  args.cache_seqlens = kv.cache_seqlens;
+  args.page_table = kv.page_table;
+  args.max_pages = c.max_pages;
+  args.page_size = c.page_size;
+  args.k_new = kv.k_new, args.v_new = kv.v_new;
+  args.seqlen_new = c.seqlen_new;
+  sm90::forward_kvcache(p, q, kc, vc, out, lse, args, workspace, stream);
+#else
+  (void)p, (void)out, (void)lse, (void)kv, (void)workspace, (void)stream;
+  throw Error(Status::internal, std::string(call) + ": a CUDA backend without sm_90a kernels was selected");
+#endif
+}
+
 }  // namespace
 
 void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out, const Tensor* lse,
                      const KvCache& kv, const Options& options, Workspace workspace, Stream stream) {
   const char* call = "fa4::forward_kvcache";
   const Cache c = describe(call, q, k_cache, v_cache, kv);
+  if (q.device == Device::cuda) {
+    check_outputs(call, q, k_cache, v_cache, out, lse, kv);
+    detail::check_sink_options(call, options, q.shape[2], q, true);
+    return forward_kvcache_device(call, c, q, k_cache, v_cache, out, lse, kv, options, workspace, stream);
+  }
   check_outputs(call, q, k_cache, v_cache, out, lse, kv);
   detail::check_sink_options(call, options, q.shape[2], q, true);
   require_all(c, q, k_cache, options);
@@ -258,7 +308,10 @@ Support supports_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
     const char* call = "fa4::supports_kvcache";
     const Cache c = describe(call, q, k_cache, v_cache, kv);
     detail::check_sink_options(call, options, q.shape[2], q, true);
-    require_all(c, q, k_cache, options);
+    if (q.device == Device::cuda)
+      device_problem(call, c, q, k_cache, v_cache, options);
+    else
+      require_all(c, q, k_cache, options);
     return {true, Status::ok, ""};
   } catch (const Error& e) {
     return {false, e.code(), e.what()};

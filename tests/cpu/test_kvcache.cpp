@@ -437,13 +437,19 @@ TEST(KvCache, BadArgumentsAreRefusedByNameAndWriteNothing) {
            fa4::forward_kvcache(c.q.desc(), c.k_cache.desc(), c.v_cache.desc(), out_in_cache, nullptr, good);
          }),
          "'out': expected memory disjoint from 'k_cache'");
-  // CUDA tensors: refused, and supports_kvcache says why.
-  Tensor on_gpu = c.q.desc();
-  on_gpu.device = fa4::Device::cuda;
-  const fa4::Support s = fa4::supports_kvcache(on_gpu, c.k_cache.desc(), c.v_cache.desc(), good);
+  // CUDA tensors of a dtype no CUDA kernel takes (f32): refused as unsupported, and supports_kvcache says why
+  // (the GPU path itself: tests/gpu/test_kvcache_sm90.cu). A cache on another device than q: invalid.
+  Tensor q_gpu = c.q.desc(), k_gpu = c.k_cache.desc(), v_gpu = c.v_cache.desc();
+  q_gpu.device = k_gpu.device = v_gpu.device = fa4::Device::cuda;
+  fa4::KvCache no_append = good;
+  no_append.k_new = no_append.v_new = nullptr;
+  const fa4::Support s = fa4::supports_kvcache(q_gpu, k_gpu, v_gpu, no_append);
   EXPECT_FALSE(s.ok);
   EXPECT_EQ(s.code, fa4::Status::unsupported);
-  expect(s.reason, "KV-cache attention runs on the CPU backend");
+  expect(s.reason, "cuda tensors");
+  const fa4::Support mixed = fa4::supports_kvcache(q_gpu, c.k_cache.desc(), c.v_cache.desc(), no_append);
+  EXPECT_EQ(mixed.code, fa4::Status::invalid_argument);
+  expect(mixed.reason, "argument 'k_cache': expected the dtype and device of q");
   EXPECT_TRUE(fa4::supports_kvcache(c.q.desc(), c.k_cache.desc(), c.v_cache.desc(), good).ok);
   EXPECT_EQ(c.k_cache.storage(), before) << "supports_kvcache must not append";
 }

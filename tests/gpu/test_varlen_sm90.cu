@@ -1,7 +1,7 @@
 // Variable-length batches on the sm_90a forward (fa4::forward_varlen on cuda tensors, one launch for every
 // sequence): each sequence's out and lse against the fp64 reference of that sequence alone, with the tolerance
 // rule, for every compiled forward (dtype, head dim), over ragged lengths with 0 and 1 and sequences longer
-// than a tile, GQA, every mask, softcap, sinks and seqused_k. Outputs start NaN-poisoned; rows that belong to no
+// than a tile, GQA, every mask, softcap, sinks and seqused_k (the keys past it NaN). Outputs start NaN-poisoned; rows that belong to no
 // sequence must stay so (not written). The metadata are device arrays, as an engine passes them.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
@@ -95,6 +95,12 @@ void check_varlen(const VarlenCase& c) {
   q.fill_normal(c.seed * 7 + 1, c.options.softcap > 0 ? c.options.softcap / 4 : 1.0);
   k.fill_normal(c.seed * 7 + 2);
   v.fill_normal(c.seed * 7 + 3);
+  // Keys past seqused_k are not the sequence's: NaN there (0xFFFF in both 16-bit formats) must not reach its
+  // output (a zero probability times a NaN value is still a NaN).
+  for (size_t b = 0; b < c.used_k.size(); ++b)
+    for (auto* t : {&k, &v})
+      std::fill_n(static_cast<uint16_t*>(t->desc().data) + (cu_k[b] + c.used_k[b]) * c.heads_kv * c.head_dim,
+                  (c.len_k[b] - c.used_k[b]) * c.heads_kv * c.head_dim, uint16_t(0xFFFF));
   out.poison(), lse.poison();
   std::vector<float> sink_values;
   for (int64_t h = 0; h < c.heads_q; ++h) sink_values.push_back(c.sinks ? float(h % 3) - 1.5f : 0.0f);

@@ -537,3 +537,73 @@ def test_varlen_forward_on_cuda_matches_the_cpu_path(causal):
     out = fa4.flash_attn_varlen_func(qg, k.cuda(), v.cuda(), cu.cuda(), cu.cuda(), max(lengths), max(lengths))
     with pytest.raises(fa4.UnsupportedError, match="backward of a variable-length batch"):
         out.sum().backward()
+
+@pytest.mark.parametrize("page_size", [0, 16, 64], ids=["contiguous", "page16", "page64"])
+@pytest.mark.parametrize("num_splits", [0, 1, 4])
+def test_kvcache_decode_on_cuda_matches_the_cpu_backend(page_size, num_splits):
+    """flash_attn_with_kvcache on CUDA (the sm_90a kernels reading the pages in place, appending k/v first) against
+    the same call on the CPU backend: the caches after the append bit for bit, out and lse within the bf16 rule's
+    reach of each other. Slots and pages no sequence uses are NaN; they must not reach any output."""
+    require_kernels(torch.bfloat16)
+    g = torch.Generator().manual_seed(case_seed("kvcache", page_size, num_splits))
+    batch, heads, heads_kv, dim, seqlen_new = 4, 16, 4, 128, 1
+    cached = [0, 1, 700, 1500]
+    capacity = 1600
+    if page_size:
+        max_pages = capacity // page_size
+        table = torch.randperm(batch * max_pages + 3, generator=g)[:batch * max_pages].to(torch.int32)
+        page_table = table.reshape(batch, max_pages).contiguous()
+        shape = (batch * max_pages + 3, page_size, heads_kv, dim)
+    else:
+        page_table, shape = None, (batch, capacity, heads_kv, dim)
+    k_cache = torch.full(shape, float("nan"), dtype=torch.bfloat16)
+    v_cache = torch.full(shape, float("nan"), dtype=torch.bfloat16)
+    for b, c in enumerate(cached):
+        for j in range(c):
+            where = (page_table[b, j // page_size], j % page_size) if page_size else (b, j)
+            k_cache[where] = torch.randn(heads_kv, dim, generator=g).to(torch.bfloat16)
+            v_cache[where] = torch.randn(heads_kv, dim, generator=g).to(torch.bfloat16)
+    q = torch.randn(batch, 1, heads, dim, generator=g).to(torch.bfloat16)
+    k_new = torch.randn(batch, seqlen_new, heads_kv, dim, generator=g).to(torch.bfloat16)
+    v_new = torch.randn(batch, seqlen_new, heads_kv, dim, generator=g).to(torch.bfloat16)
+    lens = torch.tensor(cached, dtype=torch.int32)
+    gpu = [t.cuda() if t is not None else None for t in (q, k_cache, v_cache, k_new, v_new, lens, page_table)]
+    out, lse = fa4.flash_attn_with_kvcache(*gpu[:5], cache_seqlens=gpu[5], page_table=gpu[6], causal=True,
+                                           num_splits=num_splits, return_softmax_lse=True)
+    ref_out, ref_lse = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens,
+                                                   page_table=page_table, causal=True, return_softmax_lse=True)
+    torch.cuda.synchronize()
+    assert torch.equal(gpu[1].cpu().view(torch.int16), k_cache.view(torch.int16))
+    assert torch.equal(gpu[2].cpu().view(torch.int16), v_cache.view(torch.int16))
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.cpu().float(), ref_out.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(lse.cpu(), ref_lse, rtol=1e-3, atol=1e-3)
+
+
+def test_kvcache_decode_captures_in_a_cuda_graph():
+    """A paged decode call with its append, captured once and replayed: each replay appends at the same slot and
+    gives the same output (the metadata are device tensors, read at replay)."""
+    require_kernels(torch.bfloat16)
+    g = torch.Generator(device="cuda").manual_seed(5)
+    batch, heads, heads_kv, dim, page = 2, 8, 2, 128, 64
+    k_cache = torch.randn(batch * 8, page, heads_kv, dim, generator=g, device="cuda").to(torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    page_table = torch.arange(batch * 8, dtype=torch.int32, device="cuda").reshape(batch, 8).flip(1).contiguous()
+    lens = torch.tensor([100, 400], dtype=torch.int32, device="cuda")
+    q = torch.randn(batch, 1, heads, dim, generator=g, device="cuda").to(torch.bfloat16)
+    k_new = torch.randn(batch, 1, heads_kv, dim, generator=g, device="cuda").to(torch.bfloat16)
+    v_new = torch.randn_like(k_new)
+    eager = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, page_table=page_table)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on the capture stream
+        fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens, page_table=page_table)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens,
+                                               page_table=page_table)
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(captured, eager, rtol=0, atol=0)

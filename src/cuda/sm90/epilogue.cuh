@@ -26,7 +26,8 @@ namespace fa4::sm90 {
 // once the store has read them, this warpgroup releases Q to the producer. no_key: the tile saw no key, so its
 // LSE is the sink itself (exactly: m = sink·log2e and back through ln 2 would be off by an ulp) or -inf.
 // Varlen: rows are the tile's sequence's (its length bounds them; out and lse rows start at its offset), always
-// by per-thread stores (a TMA box would run into the next sequence's rows), never split.
+// by per-thread stores (a TMA box would run into the next sequence's rows); split only in a KV-cache call (dense
+// queries, offset 0).
 template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeometry& geo, FwdSharedStorage<Row>& smem,
                                               const WorkTile& tile, int consumer,
@@ -49,16 +50,18 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     inv_l[h] = fin.inv_l;
     lse[h] = no_key && p.sinks != nullptr ? p.sinks[tile.head * p.sinks_stride] : fin.lse;
     const int64_t r = row0 + 8 * h;
-    if constexpr (Varlen) {  // the sequence's rows, from its offset in the packed lse [h, total_q]
+    if constexpr (Varlen) {  // the sequence's rows, from its offset in the packed lse [h, total_q] (batch stride 0)
       if (p.lse != nullptr && thread % 4 == 0 && r < geo.seqlen_q)
-        p.lse[tile.head * p.lse_stride_h + (geo.q_row0 + r) * p.lse_stride_s] = lse[h];
+        p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + (geo.q_row0 + r) * p.lse_stride_s] = lse[h];
     } else {
       if (p.lse != nullptr && thread % 4 == 0 && r < p.seqlen_q)
         p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = lse[h];
     }
   }
 
-  if (!Varlen && p.o_partial != nullptr) {  // split-KV: this key range's O / l and LSE in fp32, for the combine kernel
+  // Split-KV (dense queries: a dense batch or a KV-cache call): this key range's O / l and LSE in fp32, for the
+  // combine kernel.
+  if (p.o_partial != nullptr) {
     const int64_t partial_row0 =
         ((int64_t(tile.split) * p.order.batch + tile.batch) * p.order.heads_q + tile.head) * p.seqlen_q;
 #pragma unroll

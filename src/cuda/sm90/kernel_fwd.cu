@@ -116,8 +116,9 @@ cudaError_t launch_instance(const FwdParams& p, uint32_t grid, cudaStream_t stre
                                   fwd_smem_bytes<Row>(), stream, p, /*cluster=*/1, /*programmatic=*/true);
 }
 
-// The kernels of a head dim: one per kFwdTiles row of that head dim; `row` picks the one that runs. Variable-length
-// batches have one more kernel per head dim, on its last row (any length; kFwdVarlenRow).
+// The kernels of a head dim: two per kFwdTiles row of that head dim (dense, and with per-sequence geometry);
+// `row` and `varlen` pick the one that runs. A variable-length batch runs the head dim's last row (any length,
+// fwd_varlen_row); a KV-cache call the row its query length picks (a decode call the one-consumer d = 128 row).
 template <DType Dtype, int HeadDim, int Row = 0>
 cudaError_t launch_head_dim_row(int row, bool varlen, const FwdParams& p, uint32_t grid, cudaStream_t stream) {
   static_assert(fwd_row(HeadDim, 1) >= 0, "a head dim of instances.def has no row in kFwdTiles (config.hpp)");
@@ -125,9 +126,8 @@ cudaError_t launch_head_dim_row(int row, bool varlen, const FwdParams& p, uint32
     return cudaErrorInvalidValue;
   } else {
     if constexpr (kFwdTiles[Row].head_dim == HeadDim) {
-      if (row == Row && !varlen) return launch_instance<Dtype, Row, false>(p, grid, stream);
-      if constexpr (Row == fwd_varlen_row(HeadDim))
-        if (row == Row && varlen) return launch_instance<Dtype, Row, true>(p, grid, stream);
+      if (row == Row)
+        return varlen ? launch_instance<Dtype, Row, true>(p, grid, stream) : launch_instance<Dtype, Row, false>(p, grid, stream);
     }
     return launch_head_dim_row<Dtype, HeadDim, Row + 1>(row, varlen, p, grid, stream);
   }

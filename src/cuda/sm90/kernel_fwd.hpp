@@ -11,9 +11,9 @@
 namespace fa4::sm90 {
 
 // Launches the kernel of (dtype, kFwdTiles row `row`, whose head dim is head_dim) on `stream` with `grid` CTAs,
-// the variable-length instance when `varlen` (params.cu_seqlens_*); cudaErrorInvalidValue if that (dtype,
-// head_dim) is not compiled, the row is not one of the head dim's, or varlen on a row other than
-// fwd_varlen_row(head_dim).
+// the instance with per-sequence geometry when `varlen` (a variable-length batch, params.cu_seqlens_*, or a
+// KV-cache call); cudaErrorInvalidValue if that (dtype, head_dim) is not compiled or the row is not one of the
+// head dim's.
 cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, bool varlen, const FwdParams& params, uint32_t grid,
                               cudaStream_t stream);
 

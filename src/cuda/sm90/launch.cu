@@ -5,12 +5,14 @@
 
 #include <algorithm>
 #include <map>
+#include <numeric>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
 
 #include "cuda/sm90/config.hpp"
+#include "cuda/sm90/kvcache_append.hpp"
 #include "cuda/sm90/kernel_fwd.hpp"
 #include "cuda/sm90/launch_common.hpp"
 #include "cuda/sm90/split_combine.hpp"
@@ -236,9 +238,20 @@ size_t forward_workspace_bytes(const detail::Problem& p) {
   return split_workspace_bytes(p, plan_forward(p));
 }
 
-void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, const Tensor& v, const Tensor& out_in,
-             const Tensor* lse_in, Workspace workspace, Stream stream) {
-  const char* call = "fa4::forward";
+namespace {
+
+// V's extra maps for the instances with per-sequence geometry (FwdParams::v_map16 / v_map1: the last tile's rows
+// past a sequence's keys are loaded as zeros).
+void map_value_tails(const Tensor& v, int64_t head_dim, FwdParams& params) {
+  map_tensor(v, head_dim, 16, &params.v_map16);
+  map_tensor(v, head_dim, 1, &params.v_map1);
+}
+
+// The dense forward, or with `cache` a KV-cache call: the same plan (row, GQA packing, splits), run by the
+// instances with per-sequence geometry over the cache (k, v: the caches; p sized on their capacity).
+void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in, const Tensor& k, const Tensor& v,
+                 const Tensor& out_in, const Tensor* lse_in, const KvCacheArgs* cache, Workspace workspace,
+                 Stream stream) {
   if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;  // no output element
   const FwdPlan plan = plan_forward(p);
   const int row = plan.row;
@@ -268,17 +281,30 @@ void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, cons
   params.q_head_step = q_steps.head;
   params.q_batch_step = q_steps.batch;
   if (p.seqlen_k > 0) {  // no K/V element: the kernel loads nothing (and the data may be null)
-    const uint32_t block_n = uint32_t(tile.block_n);
-    const CoordSteps k_steps = map_tensor(k, p.head_dim, block_n, &params.k_map);
-    const CoordSteps v_steps = map_tensor(v, p.head_dim, block_n, &params.v_map);
+    // A paged cache's boxes stay inside a page: the largest divisor of block_n that divides the page size too.
+    const uint32_t box_rows = uint32_t(cache != nullptr && cache->page_table != nullptr
+                                           ? std::gcd<int64_t>(tile.block_n, cache->page_size)
+                                           : tile.block_n);
+    const CoordSteps k_steps = map_tensor(k, p.head_dim, box_rows, &params.k_map);
+    const CoordSteps v_steps = map_tensor(v, p.head_dim, box_rows, &params.v_map);
     params.k_head_step = k_steps.head;
     params.k_batch_step = k_steps.batch;
     params.v_head_step = v_steps.head;
     params.v_batch_step = v_steps.batch;
+    if (cache != nullptr) map_value_tails(v, p.head_dim, params);
+    params.kv_box_rows = int32_t(box_rows);
   }
-  // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores.
-  // Split-KV writes fp32 partials instead (per thread), and the combine kernel writes out and lse.
-  if (!split && tma_addressable(out)) {
+  if (cache != nullptr) {
+    params.seqused_k = cache->cache_seqlens;
+    params.seqlen_k_added = int32_t(cache->seqlen_new);
+    params.page_table = cache->page_table;
+    params.page_table_stride = int32_t(cache->max_pages);
+    params.page_size = int32_t(cache->page_size);
+  }
+  // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores
+  // (always for a KV-cache call: its instances store per thread). Split-KV writes fp32 partials instead (per
+  // thread), and the combine kernel writes out and lse.
+  if (!split && cache == nullptr && tma_addressable(out)) {
     map_tensor(out, p.head_dim, uint32_t(kWgmmaM), &params.out_map);
     params.out_tma = true;
   }
@@ -307,7 +333,8 @@ void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, cons
   params.order.num_splits = plan.splits;
   // Causal-shaped work (a row sees more keys the later it is): longest-first through a counter. Windows, no mask
   // and split-KV: every tile costs about the same, a static stride over the persistent grid.
-  params.order.lpt = p.mask.right >= 0 && p.mask.left < 0 && !plan.pack_gqa && !split;
+  // A KV-cache call's sequences differ in length, so the static order (each tile takes its own).
+  params.order.lpt = p.mask.right >= 0 && p.mask.left < 0 && !plan.pack_gqa && !split && cache == nullptr;
   {  // LPT sections: as many (batch, head) pairs as have K and V together in half of L2
     const int64_t kv_bytes = std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(element_size(p.dtype)));
     const int64_t pairs = plan.heads * p.batch;
@@ -356,7 +383,8 @@ void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, cons
           (split ? " splits " + std::to_string(plan.splits) : "") + (plan.pack_gqa ? " gqa-packed" : ""),
       grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
-  throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/false, params, grid, cu_stream),
+  throw_if_cuda_error(call,
+                      launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/cache != nullptr, params, grid, cu_stream),
                       "sm_90a forward launch failed");
   if (counter) counter->free(call);
   if (split) {  // the combine runs on the unpacked view: partial rows are laid out the same in both
@@ -381,6 +409,28 @@ void forward(const detail::Problem& p, const Tensor& q_in, const Tensor& k, cons
     throw_if_cuda_error(call, launch_split_combine(p.dtype, c, cu_stream), "split-KV combine launch failed");
   }
   if (owned) owned->free(call);
+}
+
+}  // namespace
+
+void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+             const Tensor* lse, Workspace workspace, Stream stream) {
+  run_forward("fa4::forward", p, q, k, v, out, lse, nullptr, workspace, stream);
+}
+
+void forward_kvcache(const detail::Problem& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& out, const Tensor* lse, const KvCacheArgs& cache, Workspace workspace,
+                     Stream stream) {
+  const char* call = "fa4::forward_kvcache";
+  if (cache.k_new != nullptr && cache.seqlen_new > 0 && p.batch > 0) {
+    const DeviceGuard device(call, q.device_index);
+    throw_if_cuda_error(call,
+                        launch_kvcache_append(k_cache, v_cache, *cache.k_new, *cache.v_new, cache.cache_seqlens,
+                                              cache.page_table, cache.max_pages, cache.page_size,
+                                              reinterpret_cast<cudaStream_t>(stream)),
+                        "KV-cache append launch failed");
+  }
+  run_forward(call, p, q, k_cache, v_cache, out, lse, &cache, workspace, stream);
 }
 
 void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out3,
@@ -408,6 +458,8 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
     const CoordSteps v_steps = map_tensor(v, p.head_dim, uint32_t(tile.block_n), &params.v_map);
     params.k_head_step = k_steps.head, params.v_head_step = v_steps.head;
     params.k_batch_step = 0, params.v_batch_step = 0;
+    map_value_tails(v, p.head_dim, params);
+    params.kv_box_rows = tile.block_n;
   }
   // Per-thread stores bounded by each sequence's length (a TMA box would write into the next sequence's rows).
   params.out_tma = false;

@@ -60,6 +60,26 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
 void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                     const Tensor* lse, const Varlen& varlen, Stream stream);
 
+// A KV-cache call on CUDA tensors (fa4::forward_kvcache): the device metadata (trusted, as FlashAttention does)
+// and what is appended. cache_seqlens null: every sequence holds the cache's capacity. Paged: page_table set,
+// page_size the caches' shape[1].
+struct KvCacheArgs {
+  const int32_t* cache_seqlens = nullptr;  // device [batch]
+  const int32_t* page_table = nullptr;     // device [batch, max_pages]
+  int64_t max_pages = 0, page_size = 0;
+  const Tensor* k_new = nullptr;  // [batch, seqlen_new, heads_kv, head_dim], with v_new; written into the caches first
+  const Tensor* v_new = nullptr;
+  int64_t seqlen_new = 0;
+};
+
+// The KV-cache forward: the append (a copy kernel) when k_new is given, then the forward's plan (row, GQA
+// packing, split-KV) run by the instances with per-sequence geometry. `p` was validated on q against a
+// [batch, capacity, heads_kv, head_dim] view of the keys (capacity = what a sequence's cache can hold).
+// Asynchronous on `stream`; workspace as forward's (forward_workspace_bytes(p)).
+void forward_kvcache(const detail::Problem& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                     const Tensor& out, const Tensor* lse, const KvCacheArgs& cache, Workspace workspace,
+                     Stream stream);
+
 // Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator, LSE·log2e, D).
 size_t backward_workspace_bytes(const detail::Problem& p);
 

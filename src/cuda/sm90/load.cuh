@@ -19,6 +19,66 @@
 
 namespace fa4::sm90 {
 
+// One K or V tile (keys n_block·BlockN ..) of a tile's sequence, for the instances with per-sequence geometry:
+// boxes of p.kv_box_rows rows from the sequence's rows (packed varlen: k_row0 + key; contiguous cache: the
+// batch's rows; paged: the row in the key's page), boxes past the sequence's keys as zeros (a row coordinate
+// below 0: every element out of bounds, which TMA fills with zeros and still counts). With `tail` (V: map16 and
+// map1 given) the box that holds the sequence's last key goes in 16-row and 1-row boxes, so that its rows past
+// the end are zeros as well; K's loads whole. Either way the tile receives BlockN full rows (the ring's byte count).
+template <int HeadDim, int BlockN>
+__device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const FwdParams& p, const SeqGeometry& geo,
+                                                         const CUtensorMap* map, const CUtensorMap* map16,
+                                                         const CUtensorMap* map1, int32_t head, int32_t batch,
+                                                         int32_t batch_coord, int32_t n_block, uint64_t* full_barrier) {
+  constexpr int kChunks = HeadDim / kSw128Columns;
+  constexpr int kMaxBoxes = BlockN / 16;
+  const int32_t key0 = n_block * BlockN, box_rows = p.kv_box_rows;
+  const int32_t valid = geo.seqlen_k - key0;  // rows of this tile that hold keys (> 0: the range is not empty)
+  const bool paged = p.page_table != nullptr;
+  auto issue = [&](const CUtensorMap* m, int32_t smem_row, int32_t row, int32_t outer) {
+#pragma unroll
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+      const int32_t coords[4] = {chunk * kSw128Columns, row, head, outer};
+      ptx::tma_load(dst + (chunk * BlockN + smem_row) * ptx::kSw128RowBytes, m, coords, full_barrier);
+    }
+  };
+  // The pages of the boxes that hold keys, read together (one memory latency, not one per box).
+  int32_t page[kMaxBoxes];
+  if (paged) {
+#pragma unroll
+    for (int i = 0; i < kMaxBoxes; ++i)
+      if (i * box_rows < BlockN && i * box_rows < valid)
+        page[i] = p.page_table[int64_t(batch) * p.page_table_stride + (key0 + i * box_rows) / p.page_size];
+  }
+  // Key `key` of the sequence (in a box that holds keys): its row and outer (batch or page) coordinates.
+  auto at = [&](int box, int32_t key, auto&& load) {
+    if (paged)
+      load(key % p.page_size, page[box]);
+    else
+      load(geo.k_row0 + key, batch_coord);
+  };
+#pragma unroll 1  // the producer's code stays small: it shares the instruction cache with the consumers
+  for (int box = 0; box < kMaxBoxes; ++box) {
+    const int32_t r = box * box_rows;
+    if (r >= BlockN) break;
+    if (r >= valid) {  // no key: zeros
+      issue(map, r, -box_rows, 0);
+    } else if (r + box_rows <= valid || map16 == nullptr) {  // keys only, or K's last box
+      at(box, key0 + r, [&](int32_t row, int32_t outer) { issue(map, r, row, outer); });
+    } else {  // V's last box: its keys in 16-row and 1-row boxes, then zeros
+      int32_t q = r;
+#pragma unroll 1
+      for (; q + 16 <= valid; q += 16) at(box, key0 + q, [&](int32_t row, int32_t outer) { issue(map16, q, row, outer); });
+#pragma unroll 1
+      for (; q < valid; ++q) at(box, key0 + q, [&](int32_t row, int32_t outer) { issue(map1, q, row, outer); });
+#pragma unroll 1
+      for (; q % 16 != 0; ++q) issue(map1, q, -1, 0);
+#pragma unroll 1
+      for (; q < r + box_rows; q += 16) issue(map16, q, -16, 0);
+    }
+  }
+}
+
 // Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once both
 // consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q
 // so that it streams while the consumers finish the previous tile.
@@ -58,11 +118,10 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
 
     const WorkTile tile = p.order.tile(linear);
     KvTileRange range;
-    int32_t q_row0 = 0, k_row0 = 0;  // the sequence's first rows in packed q and k/v (varlen)
+    SeqGeometry geo;  // varlen / KV cache: the tile's sequence
     if constexpr (Varlen) {  // tile_kv_range spelled out: through it the dense producer's SASS changes (d = 128)
-      const SeqGeometry geo = seq_geometry(p, tile);
-      range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(tile, geo);
-      q_row0 = geo.q_row0, k_row0 = geo.k_row0;
+      geo = seq_geometry(p, tile);
+      range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(p, tile, geo);
     } else {
       range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
     }
@@ -70,27 +129,35 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     const int32_t kv_head = tile.head / p.group;
     // One K or V tile into its ring (K and V rings step together, on kv_stage).
     auto load_kv = [&](const Ring& ring, uint8_t (&tiles)[Config::kStages][Config::kKvTileBytes],
-                       const CUtensorMap* map, int32_t head_step, int32_t batch_step, int32_t n_block) {
+                       const CUtensorMap* map, const CUtensorMap* map16, const CUtensorMap* map1, int32_t head_step,
+                       int32_t batch_step, int32_t n_block) {
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       ring.producer_acquire(kv_stage);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
       ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
-      load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, k_row0 + n_block * Config::kBlockN,
-                                          kv_head * head_step, tile.batch * batch_step, ring.full_barrier(kv_stage));
+      if constexpr (Varlen) {
+        load_kv_tile_in_sequence<HeadDim, Config::kBlockN>(tiles[kv_stage.index], p, geo, map, map16, map1,
+                                                           kv_head * head_step, tile.batch, tile.batch * batch_step,
+                                                           n_block, ring.full_barrier(kv_stage));
+      } else {
+        (void)map16, (void)map1;
+        load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
+                                            tile.batch * batch_step, ring.full_barrier(kv_stage));
+      }
     };
     auto load_k = [&](int32_t n_block) {
-      load_kv(k_ring, smem.k, &p.k_map, p.k_head_step, p.k_batch_step, n_block);
+      load_kv(k_ring, smem.k, &p.k_map, nullptr, nullptr, p.k_head_step, p.k_batch_step, n_block);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
     };
     auto load_v = [&](int32_t n_block) {
-      load_kv(v_ring, smem.v, &p.v_map, p.v_head_step, p.v_batch_step, n_block);
+      load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::v);
     };
 
     load_k(range.begin);
     q_ring.producer_acquire(q_stage);
     q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
-    load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, q_row0 + tile.m_block * Config::kBlockM,
+    load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
                                         tile.head * p.q_head_step, tile.batch * p.q_batch_step,
                                         q_ring.full_barrier(q_stage));
     FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);

@@ -64,6 +64,23 @@ struct FwdParams {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;
+  // KV cache (the same instances, cu_seqlens_q == cu_seqlens_k == nullptr): q, out, lse are the dense [batch, ...]
+  // tensors (seqlen_q rows each); sequence b attends to seqused_k[b] + seqlen_k_added keys (seqused_k null:
+  // seqlen_k). Contiguous cache: k_map / v_map over [batch, seqlen_cache, h_kv, d]. Paged (page_table set):
+  // k_map / v_map over [num_pages, page_size, h_kv, d], the page in the batch coordinate; key j of sequence b is
+  // row j % page_size of page page_table[b · page_table_stride + j / page_size].
+  int32_t seqlen_k_added = 0;  // the keys appended in this call (k_new), already in the cache
+  const int32_t* page_table = nullptr;
+  int32_t page_table_stride = 0, page_size = 0;
+  // The instances with per-sequence geometry load a K/V tile in boxes of kv_box_rows rows (block_n; for a paged
+  // cache the largest divisor of block_n that fits a page). V's rows past the sequence's keys are loaded as
+  // zeros (out-of-bounds boxes; the box that straddles the end in 16-row and 1-row boxes of v_map16 / v_map1):
+  // they may hold anything (an unwritten cache, keys past seqused_k), and P = 0 times a NaN is still a NaN in
+  // P·V. K's boxes past the end are zeros too (no page-table entry is read for them); the straddling box loads
+  // whole (its extra scores are masked to -inf).
+  int32_t kv_box_rows = 0;
+  CUtensorMap v_map16;  // boxes {64, 16, 1, 1}
+  CUtensorMap v_map1;   // boxes {64, 1, 1, 1}
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif

@@ -47,16 +47,34 @@ struct SeqGeometry {
   int32_t q_row0 = 0, k_row0 = 0;  // the sequence's first row in packed q / out / lse and in packed k / v
 };
 
+// A KV-cache call (cu_seqlens null) has dense queries and a cache per sequence: offsets 0, the sequence's keys
+// from seqused_k (cache_seqlens) plus the keys appended in this call.
 __device__ __forceinline__ SeqGeometry seq_geometry(const FwdParams& p, const WorkTile& tile) {
   SeqGeometry g;
-  g.q_row0 = p.cu_seqlens_q[tile.batch];
-  g.seqlen_q = p.cu_seqlens_q[tile.batch + 1] - g.q_row0;
-  g.k_row0 = p.cu_seqlens_k[tile.batch];
-  g.seqlen_k = p.seqused_k != nullptr ? p.seqused_k[tile.batch] : p.cu_seqlens_k[tile.batch + 1] - g.k_row0;
+  if (p.cu_seqlens_q != nullptr) {
+    g.q_row0 = p.cu_seqlens_q[tile.batch];
+    g.seqlen_q = p.cu_seqlens_q[tile.batch + 1] - g.q_row0;
+  } else {
+    g.seqlen_q = p.seqlen_q;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    g.k_row0 = p.cu_seqlens_k[tile.batch];
+    g.seqlen_k = p.seqused_k != nullptr ? p.seqused_k[tile.batch] : p.cu_seqlens_k[tile.batch + 1] - g.k_row0;
+  } else {
+    g.seqlen_k = (p.seqused_k != nullptr ? p.seqused_k[tile.batch] : p.seqlen_k) + p.seqlen_k_added;
+  }
   g.mask = p.mask;  // the window sides (clamped on the longest sequence: still wide enough for this one)
   g.mask.seqlen_q = g.seqlen_q;
   g.mask.seqlen_k = g.seqlen_k;
   return g;
+}
+
+// Part `split` of `splits` of a range: whole tiles, as even as they go.
+__device__ __forceinline__ KvTileRange split_part(KvTileRange r, int32_t split, int32_t splits) {
+  const int32_t n = r.end - r.begin, first = r.begin;
+  r.begin = first + int32_t(int64_t(n) * split / splits);
+  r.end = first + int32_t(int64_t(n) * (split + 1) / splits);
+  return r;
 }
 
 template <int BlockM, int BlockN>
@@ -78,10 +96,12 @@ __device__ __forceinline__ KvTileRange kv_tile_range(const FwdParams& p, const W
   return r;
 }
 
-// The same for a tile of one sequence of a variable-length batch (its sizes and mask; never split). The order
-// covers the longest sequence, so a tile may lie past its sequence's rows: then the range is empty.
+// The same for a tile of one sequence (its sizes and mask; split only in a KV-cache call, whose queries are
+// dense). The order covers the longest sequence, so a tile may lie past its sequence's rows: then the range is
+// empty.
 template <int BlockM, int BlockN>
-__device__ __forceinline__ KvTileRange kv_tile_range_in_sequence(const WorkTile& tile, const SeqGeometry& g) {
+__device__ __forceinline__ KvTileRange kv_tile_range_in_sequence(const FwdParams& p, const WorkTile& tile,
+                                                                 const SeqGeometry& g) {
   const int64_t row0 = int64_t(tile.m_block) * BlockM;
   KvTileRange r;
   if (row0 >= g.seqlen_q || g.seqlen_k == 0) return r;
@@ -91,6 +111,7 @@ __device__ __forceinline__ KvTileRange kv_tile_range_in_sequence(const WorkTile&
   if (key_end <= key_begin) return r;
   r.begin = int32_t(key_begin / BlockN);
   r.end = int32_t((key_end + BlockN - 1) / BlockN);
+  if (p.order.num_splits > 1) r = split_part(r, tile.split, p.order.num_splits);
   return r;
 }
 
@@ -100,7 +121,7 @@ template <int BlockM, int BlockN, bool Varlen>
 __device__ __forceinline__ KvTileRange tile_kv_range(const FwdParams& p, const WorkTile& tile, SeqGeometry& geo) {
   if constexpr (Varlen) {
     geo = seq_geometry(p, tile);
-    return kv_tile_range_in_sequence<BlockM, BlockN>(tile, geo);
+    return kv_tile_range_in_sequence<BlockM, BlockN>(p, tile, geo);
   } else {
     return kv_tile_range<BlockM, BlockN>(p, tile);
   }

@@ -1,0 +1,223 @@
+// KV-cache attention on the sm_90a forward (fa4::forward_kvcache on cuda tensors): a contiguous or a paged cache
+// read in place, ragged cache_seqlens (0 and 1 included), new keys appended in the same call, decode (one query,
+// the GQA group packed into one tile) and chunked prefill, split-KV forced and chosen, every compiled (dtype,
+// head dim). Cache rows no sequence uses and unused pages hold NaN: they must not reach any output. Each
+// sequence's out and lse against the fp64 reference of that sequence's keys alone (tolerance rule); outputs
+// start NaN-poisoned; the caches after the append must equal the CPU backend's append bit for bit.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api/validate.hpp"
+#include "cpu/reference.hpp"
+#include "fa4/fa4.hpp"
+#include "gpu_test_util.hpp"
+#include "testing/tensors.hpp"
+#include "testing/tolerance.hpp"
+
+namespace {
+
+using fa4::DType;
+using fa4::Options;
+using fa4::Tensor;
+
+struct DeviceInts {
+  int32_t* ptr = nullptr;
+  explicit DeviceInts(const std::vector<int32_t>& v) {
+    cudaMalloc(&ptr, std::max<size_t>(v.size(), 1) * sizeof(int32_t));
+    cudaMemcpy(ptr, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+  }
+  ~DeviceInts() { cudaFree(ptr); }
+  DeviceInts(const DeviceInts&) = delete;
+  DeviceInts& operator=(const DeviceInts&) = delete;
+};
+
+struct CacheCase {
+  DType dtype = DType::bf16;
+  int64_t head_dim = 128, heads_q = 8, heads_kv = 2, seqlen_q = 1;
+  std::vector<int32_t> cached;  // keys already in each sequence's cache
+  int64_t seqlen_new = 0;       // appended in the call
+  int64_t page_size = 0;        // 0: contiguous
+  int64_t capacity = 0;         // keys a sequence's cache holds (a multiple of page_size when paged)
+  Options options;
+  uint64_t seed = 1;
+  std::string name() const {
+    std::string s = std::string(fa4::to_string(dtype)) + " d" + std::to_string(head_dim) + " h" +
+                    std::to_string(heads_q) + "/" + std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) +
+                    (page_size ? " page" + std::to_string(page_size) : std::string(" contiguous")) + " cap" +
+                    std::to_string(capacity) + " new" + std::to_string(seqlen_new) + " cached";
+    for (int32_t c : cached) s += " " + std::to_string(c);
+    if (options.causal) s += " causal";
+    if (options.num_splits != 0) s += " splits" + std::to_string(options.num_splits);
+    return s;
+  }
+};
+
+// A dense host tensor's elements as raw 16-bit storage (bf16 / fp16).
+uint16_t* elems(const HostTensor& t) { return static_cast<uint16_t*>(t.desc().data); }
+
+HostTensor clone(const HostTensor& t) {
+  const Tensor& d = t.desc();
+  HostTensor c = HostTensor::make(d.dtype, d.shape);
+  c.storage() = t.storage();
+  c.desc().data = c.storage().data();
+  return c;
+}
+
+void check_kvcache(const CacheCase& c) {
+  SCOPED_TRACE(c.name());
+  const int64_t batch = int64_t(c.cached.size()), d = c.head_dim, hk = c.heads_kv;
+  const bool paged = c.page_size > 0;
+  const int64_t max_pages = paged ? c.capacity / c.page_size : 0;
+  // Pages: every sequence's max_pages, shuffled, plus spare pages nobody owns.
+  const int64_t num_pages = paged ? batch * max_pages + 3 : 0;
+  std::vector<int32_t> table(size_t(batch * max_pages));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(uint32_t(c.seed)));
+  const std::array<int64_t, 4> cache_shape =
+      paged ? std::array<int64_t, 4>{num_pages, c.page_size, hk, d} : std::array<int64_t, 4>{batch, c.capacity, hk, d};
+  auto q = HostTensor::make(c.dtype, {batch, c.seqlen_q, c.heads_q, d});
+  auto kc = HostTensor::make(c.dtype, cache_shape), vc = HostTensor::make(c.dtype, cache_shape);
+  auto kn = HostTensor::make(c.dtype, {batch, std::max<int64_t>(c.seqlen_new, 1), hk, d});
+  auto vn = HostTensor::make(c.dtype, {batch, std::max<int64_t>(c.seqlen_new, 1), hk, d});
+  q.fill_normal(c.seed * 5 + 1), kc.fill_normal(c.seed * 5 + 2), vc.fill_normal(c.seed * 5 + 3);
+  kn.fill_normal(c.seed * 5 + 4), vn.fill_normal(c.seed * 5 + 5);
+  // Key j of sequence b: its row in the cache image.
+  auto slot_row = [&](int64_t b, int64_t j) {
+    return paged ? int64_t(table[size_t(b * max_pages + j / c.page_size)]) * c.page_size + j % c.page_size
+                 : b * c.capacity + j;
+  };
+  // Every row no sequence has cached is NaN (0xFFFF in both 16-bit formats): unused pages and slots, and the slots
+  // the append will fill.
+  const int64_t cache_rows = cache_shape[0] * cache_shape[1];
+  std::vector<bool> used(size_t(cache_rows), false);
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t j = 0; j < c.cached[size_t(b)]; ++j) used[size_t(slot_row(b, j))] = true;
+  for (int64_t r = 0; r < cache_rows; ++r)
+    if (!used[size_t(r)])
+      for (auto* t : {&kc, &vc}) std::fill_n(elems(*t) + r * hk * d, hk * d, uint16_t(0xFFFF));
+
+  // The CPU backend on host copies: the append, and the caches it leaves.
+  HostTensor kc_host = clone(kc), vc_host = clone(vc);
+  std::vector<int32_t> lens(c.cached);
+  fa4::KvCache kv_host;
+  kv_host.cache_seqlens = lens.data();
+  kv_host.page_table = paged ? table.data() : nullptr, kv_host.max_pages = max_pages;
+  Tensor kn_desc = kn.desc(), vn_desc = vn.desc();
+  kn_desc.shape[1] = vn_desc.shape[1] = c.seqlen_new;
+  if (c.seqlen_new > 0) kv_host.k_new = &kn_desc, kv_host.v_new = &vn_desc;
+  {
+    auto out_cpu = HostTensor::make(c.dtype, {batch, c.seqlen_q, c.heads_q, d});
+    Options o = c.options;
+    o.num_splits = 0;
+    fa4::forward_kvcache(q.desc(), kc_host.desc(), vc_host.desc(), out_cpu.desc(), nullptr, kv_host, o);
+  }
+
+  // The GPU call.
+  auto out = HostTensor::make(c.dtype, {batch, c.seqlen_q, c.heads_q, d});
+  auto lse = HostTensor::make_lse({batch, c.heads_q, c.seqlen_q});
+  out.poison(), lse.poison();
+  DeviceCopy d_q(q, size_t(q.numel())), d_kc(kc, size_t(kc.numel())), d_vc(vc, size_t(vc.numel())),
+      d_kn(kn, size_t(kn.numel())), d_vn(vn, size_t(vn.numel())), d_out(out, size_t(out.numel())),
+      d_lse(lse, size_t(lse.numel()));
+  const DeviceInts d_lens(c.cached), d_table(table);
+  fa4::KvCache kv;
+  kv.cache_seqlens = d_lens.ptr;
+  kv.page_table = paged ? d_table.ptr : nullptr, kv.max_pages = max_pages;
+  Tensor d_kn_desc = d_kn.desc(), d_vn_desc = d_vn.desc();
+  d_kn_desc.shape[1] = d_vn_desc.shape[1] = c.seqlen_new;
+  if (c.seqlen_new > 0) kv.k_new = &d_kn_desc, kv.v_new = &d_vn_desc;
+  try {
+    fa4::forward_kvcache(d_q.desc(), d_kc.desc(), d_vc.desc(), d_out.desc(), &d_lse.desc(), kv, c.options);
+  } catch (const fa4::Error& e) {
+    ADD_FAILURE() << "threw: " << e.what();
+    return;
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  d_out.copy_back(out), d_lse.copy_back(lse);
+  HostTensor kc_gpu = clone(kc), vc_gpu = clone(vc);
+  d_kc.copy_back(kc_gpu), d_vc.copy_back(vc_gpu);
+  EXPECT_EQ(std::memcmp(elems(kc_gpu), elems(kc_host), size_t(kc.numel()) * 2), 0) << "k_cache after the append";
+  EXPECT_EQ(std::memcmp(elems(vc_gpu), elems(vc_host), size_t(vc.numel()) * 2), 0) << "v_cache after the append";
+
+  // Each sequence against the fp64 reference over its keys, gathered from the appended host cache.
+  const std::vector<double> lv = lse.values();
+  const int64_t row_elems = hk * d;
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t sk = c.cached[size_t(b)] + c.seqlen_new;
+    auto kb = HostTensor::make(c.dtype, {1, sk, hk, d}), vb = HostTensor::make(c.dtype, {1, sk, hk, d});
+    for (int64_t j = 0; j < sk; ++j) {
+      std::memcpy(elems(kb) + j * row_elems, elems(kc_host) + slot_row(b, j) * row_elems, size_t(row_elems) * 2);
+      std::memcpy(elems(vb) + j * row_elems, elems(vc_host) + slot_row(b, j) * row_elems, size_t(row_elems) * 2);
+    }
+    auto qb = HostTensor::make(c.dtype, {1, c.seqlen_q, c.heads_q, d});
+    std::memcpy(elems(qb), elems(q) + b * c.seqlen_q * c.heads_q * d, size_t(c.seqlen_q * c.heads_q * d) * 2);
+    Options o = c.options;
+    o.num_splits = 0;
+    const fa4::detail::Problem p = fa4::detail::validate_inputs("test", qb.desc(), kb.desc(), vb.desc(), o);
+    auto ref = HostTensor::make(DType::f64, {1, c.seqlen_q, c.heads_q, d});
+    auto naive = HostTensor::make(DType::f64, {1, c.seqlen_q, c.heads_q, d});
+    auto lse_ref = HostTensor::make_lse({1, c.heads_q, c.seqlen_q}), lse_naive = HostTensor::make_lse({1, c.heads_q, c.seqlen_q});
+    fa4::cpu::reference_forward(p, qb.desc(), kb.desc(), vb.desc(), ref.desc(), &lse_ref.desc(), fa4::cpu::Precision::exact);
+    fa4::cpu::reference_forward(p, qb.desc(), kb.desc(), vb.desc(), naive.desc(), &lse_naive.desc(), fa4::cpu::Precision::storage);
+    auto got = HostTensor::make(c.dtype, {1, c.seqlen_q, c.heads_q, d});
+    std::memcpy(elems(got), elems(out) + b * c.seqlen_q * c.heads_q * d, size_t(c.seqlen_q * c.heads_q * d) * 2);
+    std::vector<double> got_lse(lv.begin() + b * c.heads_q * c.seqlen_q, lv.begin() + (b + 1) * c.heads_q * c.seqlen_q);
+    const auto co = fa4::testing::compare(got.values(), ref.values(), naive.values(), c.dtype, 2.0, 0.0);
+    const auto cl = fa4::testing::compare(got_lse, lse_ref.values(), lse_naive.values(), DType::f32, 2.0, 0.0);
+    EXPECT_TRUE(co.pass) << "sequence " << b << " (" << sk << " keys) out " << co.summary();
+    EXPECT_TRUE(cl.pass) << "sequence " << b << " (" << sk << " keys) lse " << cl.summary();
+  }
+  std::printf("  %-100s %s\n", c.name().c_str(), ::testing::Test::HasFailure() ? "FAIL" : "ok");
+  std::fflush(stdout);
+}
+
+TEST(GpuKvCacheSm90, DecodeEveryInstanceContiguousAndPaged) {
+  REQUIRE_SM90();
+  uint64_t seed = 900;
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false)) {
+    for (int64_t page : {0, 16, 48, 64, 256}) {
+      CacheCase c;
+      c.dtype = dtype, c.head_dim = head_dim, c.page_size = page, c.seed = ++seed;
+      c.capacity = page ? page * (page >= 256 ? 3 : 40) : 700;
+      c.cached = {0, 1, 17, 129, int32_t(c.capacity - 2), 300};
+      c.seqlen_new = 1;
+      c.options.causal = true;
+      check_kvcache(c);
+    }
+  }
+}
+
+TEST(GpuKvCacheSm90, SplitsAppendsAndPrefillChunks) {
+  REQUIRE_SM90();
+  uint64_t seed = 950;
+  for (int64_t page : {0, 64}) {
+    for (int splits : {0, 1, 3, 8}) {  // 0: the fill rule (here: splits, batch·groups < SMs)
+      CacheCase c;
+      c.page_size = page, c.capacity = page ? 64 * 70 : 4000, c.seed = ++seed;
+      c.cached = {3000, 0, 1234, 63};
+      c.seqlen_new = 5, c.seqlen_q = 1;
+      c.options.num_splits = splits;
+      check_kvcache(c);
+    }
+    CacheCase chunk;  // chunked prefill: 37 new queries and keys, causal bottom-right over each sequence's cache
+    chunk.page_size = page, chunk.capacity = page ? 64 * 20 : 1200, chunk.seed = ++seed;
+    chunk.heads_q = 4, chunk.heads_kv = 4, chunk.seqlen_q = 37, chunk.seqlen_new = 37;
+    chunk.cached = {0, 500, 1000};
+    chunk.options.causal = true;
+    check_kvcache(chunk);
+    CacheCase window = chunk;
+    window.options.causal = false, window.options.window_left = 100, window.options.window_right = 0;
+    window.seqlen_new = 0, window.cached = {1, 300, 1199};
+    check_kvcache(window);
+  }
+}
+
+}  // namespace
