@@ -3,7 +3,9 @@
 cuDNN in one process on one GPU, as a fraction of a device copy's bandwidth measured in the same run.
 
 Implementations: fa4 (num_splits 0: the library's fill rule, GQA packing), fa4-nosplit (num_splits 1: one CTA per
-(sequence, head) walks all keys; the pre-split kernel's behaviour), sdpa-cudnn (torch SDPA's cuDNN backend on
+(sequence, head) walks all keys; the pre-split kernel's behaviour), fa4-kvcache (flash_attn_with_kvcache on the
+same contiguous cache, cache_seqlens a device tensor of s_k), fa4-paged64 (flash_attn_with_kvcache on the same keys
+in 64-row pages handed out in a random order, page_table [b, s_k / 64]; its rows have page_size 64), sdpa-cudnn (torch SDPA's cuDNN backend on
 [b, h, s, d] views with enable_gqa, else on K/V expanded to the query heads: a note says which).
 
 Shapes: bf16, d = 128, 32 query / 8 kv heads, seqlen_q = 1; (batch, seqlen_k) from --shapes.
@@ -35,7 +37,8 @@ import fa4  # noqa: E402
 
 DEFAULT_SHAPES = "1x1024,1x4096,1x8192,1x32768,1x131072,8x4096,8x16384,8x65536,64x4096,64x32768"
 HEADS, HEADS_KV, D = 32, 8, 128
-IMPLS = ("fa4", "fa4-nosplit", "sdpa-cudnn")
+IMPLS = ("fa4", "fa4-nosplit", "fa4-kvcache", "fa4-paged64", "sdpa-cudnn")
+PAGE = 64  # fa4-paged64's page size
 
 
 def parse_shapes(text):
@@ -147,6 +150,9 @@ def main():
     for x in impls:  # fa4-sN: N forced splits (the fill rule's alternatives, for choosing it from data)
         if x.startswith("fa4-s"):
             fns[x] = lambda q, k, v, n=int(x[5:]): fa4.flash_attn_func(q, k, v, num_splits=n)
+    paged, lens = {}, {}  # per K/V set: its paged copy (k_pages, v_pages, page_table); per batch: cache_seqlens
+    fns["fa4-kvcache"] = lambda q, k, v: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens[k.shape[:2]])
+    fns["fa4-paged64"] = lambda q, k, v: fa4.flash_attn_with_kvcache(q, *paged[id(k)])
     sdpa_note = {}
     fns["sdpa-cudnn"] = lambda q, k, v: sdpa_cudnn(q, k, v, sdpa_note)
     rows, notes = [], []
@@ -157,6 +163,15 @@ def main():
         sets = [tuple(torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen)
                       for shape in ((batch, 1, HEADS, D), (batch, seqlen_k, HEADS_KV, D), (batch, seqlen_k, HEADS_KV, D)))
                 for _ in range(nsets)]
+        lens[(batch, seqlen_k)] = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
+        if "fa4-paged64" in impls and seqlen_k % PAGE == 0:
+            for _, k, v in sets:
+                pages = batch * seqlen_k // PAGE
+                order = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
+                k_pages, v_pages = torch.empty_like(k).view(pages, PAGE, HEADS_KV, D), torch.empty_like(v).view(pages, PAGE, HEADS_KV, D)
+                k_pages[order.long()] = k.view(pages, PAGE, HEADS_KV, D)
+                v_pages[order.long()] = v.view(pages, PAGE, HEADS_KV, D)
+                paged[id(k)] = (k_pages, v_pages, None, None, None, order.view(batch, seqlen_k // PAGE))
         checked = min(batch, 2)  # the fp32 reference of the first two sequences (b = 64 in fp32 would not fit)
         want = reference(*(t[:checked] for t in sets[0]))
         for impl in impls:
@@ -173,11 +188,13 @@ def main():
                 continue
             gbps = kv_bytes / (us * 1e-6) / 1e9
             rows.append({"impl": impl, "pass": "decode", "dtype": "bf16", "d": D, "batch": batch, "heads": HEADS,
-                         "heads_kv": HEADS_KV, "seqlen_q": 1, "seqlen_k": seqlen_k, "page_size": 0,
+                         "heads_kv": HEADS_KV, "seqlen_q": 1, "seqlen_k": seqlen_k,
+                         "page_size": PAGE if impl == "fa4-paged64" else 0,
                          "us": round(us, 2), "gbps": round(gbps, 1), "bw_fraction": round(gbps / copy, 3),
                          "rel_err": float(f"{err:.3g}")})
             print(f"{label}: {us:.1f} us, {gbps:.0f} GB/s, {gbps / copy:.0%} of copy", flush=True)
         del sets, want
+        paged.clear()
         torch.cuda.empty_cache()
     if "sdpa-cudnn" in impls and sdpa_note.get("gqa") is False:
         notes.append(f"sdpa-cudnn ran on K/V expanded to the query heads (enable_gqa refused: {sdpa_note['why']}); "
@@ -191,7 +208,7 @@ def main():
     with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
     lines = [f"# Decode, {props.name}, commit {a.commit[:7]}, {date}",
-             f"bf16, d = {D}, {HEADS}/{HEADS_KV} heads, one query, contiguous cache; CUDA-graph replay, {a.calls} calls "
+             f"bf16, d = {D}, {HEADS}/{HEADS_KV} heads, one query, contiguous cache (fa4-paged64: {PAGE}-row pages); CUDA-graph replay, {a.calls} calls "
              f"per graph, median of {a.reps}; copy {copy:.0f} GB/s.", "",
              "| batch | s_k | " + " | ".join(f"{x} µs (of copy)" for x in impls) + " |",
              "|---|---|" + "---|" * len(impls)]

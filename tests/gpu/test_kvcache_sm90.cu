@@ -221,3 +221,21 @@ TEST(GpuKvCacheSm90, SplitsAppendsAndPrefillChunks) {
 }
 
 }  // namespace
+
+namespace {
+
+// Small enough for compute-sanitizer (scripts/device-check): paged with an append and two splits, and a
+// contiguous chunk of three causal queries.
+TEST(GpuKvCacheSm90, Small) {
+  REQUIRE_SM90();
+  CacheCase paged;
+  paged.heads_q = 4, paged.heads_kv = 2, paged.page_size = 16, paged.capacity = 160, paged.seed = 7;
+  paged.cached = {0, 5, 40}, paged.seqlen_new = 3, paged.options.num_splits = 2;
+  check_kvcache(paged);
+  CacheCase chunk;
+  chunk.heads_q = 2, chunk.heads_kv = 1, chunk.seqlen_q = 3, chunk.capacity = 200, chunk.seed = 8;
+  chunk.cached = {1, 150}, chunk.seqlen_new = 3, chunk.options.causal = true;
+  check_kvcache(chunk);
+}
+
+}  // namespace
