@@ -12,6 +12,10 @@
 #ifndef FA4_MBARRIER_TIMEOUT_NS
 #define FA4_MBARRIER_TIMEOUT_NS 4000000000ull
 #endif
+// A/B candidate (off by default): the wait's slow path reads %globaltimer once per 64 polls, not on every poll.
+#ifndef FA4_AB_SPIN
+#define FA4_AB_SPIN 0
+#endif
 
 namespace fa4::ptx {
 
@@ -48,7 +52,19 @@ __device__ __noinline__ inline void mbarrier_timeout_trap() { __trap(); }
 template <class Done>
 __device__ __forceinline__ void poll_until(Done done) {
   if (done()) return;
-#if FA4_MBARRIER_TIMEOUT_NS > 0
+#if FA4_MBARRIER_TIMEOUT_NS > 0 && FA4_AB_SPIN
+  // A/B: the timer is read on every 64th poll only; the watchdog's clock starts at the 64th (so a wait of fewer
+  // polls reads no timer at all) and it traps FA4_MBARRIER_TIMEOUT_NS after that, checked every 64 polls.
+  uint64_t start = 0;
+  for (uint32_t polls = 1; !done(); ++polls) {
+    if (polls % 64 != 0) continue;
+    const uint64_t now = ::cuda::ptx::get_sreg_globaltimer();
+    if (polls == 64)
+      start = now;
+    else if (now - start > static_cast<uint64_t>(FA4_MBARRIER_TIMEOUT_NS))
+      mbarrier_timeout_trap();
+  }
+#elif FA4_MBARRIER_TIMEOUT_NS > 0
   const uint64_t start = ::cuda::ptx::get_sreg_globaltimer();
   while (!done()) {
     if (::cuda::ptx::get_sreg_globaltimer() - start > static_cast<uint64_t>(FA4_MBARRIER_TIMEOUT_NS))

@@ -32,6 +32,15 @@
 
 #include <cstdint>
 
+// A/B candidate (off by default): 24 producer / 240 consumer registers for the two-consumer d = 128 and 192 rows.
+#ifndef FA4_AB_REGS
+#define FA4_AB_REGS 0
+#endif
+// A/B candidate (off by default): the d = 256 row without tensor-core turns (its consumers issue GEMMs freely).
+#ifndef FA4_AB_D256_NO_TURNS
+#define FA4_AB_D256_NO_TURNS 0
+#endif
+
 namespace fa4::sm90 {
 
 struct FwdTile {
@@ -122,9 +131,16 @@ struct FwdConfig {
   // Three consumer warpgroups (512 threads) share the file as 32 / 160.
   // One consumer warpgroup (256 threads) has up to 255 registers per thread at launch: no setmaxnreg.
   static constexpr bool kSetMaxNReg = kConsumerWarpgroups > 1;
-  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : (kHeadDim >= 256 ? 24 : 40);
+  // Whether the consumer warpgroups take turns at the tensor core (TensorCoreTurn): always with two or three, but
+  // for the d = 256 row under the A/B candidate FA4_AB_D256_NO_TURNS (FA3 and FA4 drop their scheduler barrier
+  // above head dim 128).
+  static constexpr bool kTensorCoreTurns = kConsumerWarpgroups > 1 && !(FA4_AB_D256_NO_TURNS && kHeadDim == 256);
+  // A/B candidate FA4_AB_REGS (off by default): 24 / 240 (FA3's and FA4's split) for the two-consumer d = 128 and
+  // d = 192 rows too.
+  static constexpr bool kRegs24x240 = kHeadDim >= 256 || (FA4_AB_REGS && kHeadDim >= 128);
+  static constexpr int kProducerRegisters = kConsumerWarpgroups == 3 ? 32 : (kRegs24x240 ? 24 : 40);
   static constexpr int kConsumerRegisters =
-      kConsumerWarpgroups == 1 ? 248 : kConsumerWarpgroups == 3 ? 160 : (kHeadDim >= 256 ? 240 : 232);
+      kConsumerWarpgroups == 1 ? 248 : kConsumerWarpgroups == 3 ? 160 : (kRegs24x240 ? 240 : 232);
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
