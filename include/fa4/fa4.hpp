@@ -72,6 +72,13 @@ struct Options {
   // separately and merged with the LSE rule. 0: chosen from the shape and the device (the CPU backend: 1);
   // n >= 1: n ranges (fewer when there are fewer keys). Forward only; the result is the same up to rounding.
   int num_splits = 0;
+  // Variable-length and KV-cache calls on CUDA tensors trust their device metadata (cu_seqlens, seqused_k,
+  // cache_seqlens, page_table), as FlashAttention does: a wrong entry there is read as given. With this set (or
+  // with the environment variable FA4_VALIDATE=1), the call first copies them to the host and checks every entry
+  // as the CPU backend does, throwing an Error that names the first bad one (e.g. 'kvcache.page_table[1][2]')
+  // before anything is launched. The copy synchronizes the stream, so such a call cannot be captured into a
+  // CUDA graph; a debugging aid, off by default. CPU tensors are always checked.
+  bool validate_device_metadata = false;
 };
 
 class Error : public std::runtime_error {

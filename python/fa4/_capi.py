@@ -60,6 +60,7 @@ class Options(ctypes.Structure):
         ("sinks", ctypes.POINTER(Tensor)),
         ("dsinks", ctypes.POINTER(Tensor)),
         ("num_splits", ctypes.c_int32),
+        ("validate_device_metadata", ctypes.c_int32),
     ]
 
 

@@ -36,7 +36,7 @@ fa4::Tensor to_cpp(const fa4_tensor* t, const char* arg, int min_rank = 2, int m
 
 // The C options as fa4::Options, with the sinks' descriptors converted and kept alive: construct it in the
 // call's argument list (a temporary lives until the call returns). A struct_size from before the appended
-// fields (sinks, dsinks, num_splits) reads them as NULL / 0.
+// fields (sinks, dsinks, num_splits, validate_device_metadata) reads them as NULL / 0.
 class CppOptions {
  public:
   explicit CppOptions(const fa4_options* o) {
@@ -64,6 +64,8 @@ class CppOptions {
       r_.dsinks = &dsinks_;
     }
     if (has(offsetof(fa4_options, num_splits) + sizeof(o->num_splits))) r_.num_splits = o->num_splits;
+    if (has(offsetof(fa4_options, validate_device_metadata) + sizeof(o->validate_device_metadata)))
+      r_.validate_device_metadata = o->validate_device_metadata != 0;
   }
   CppOptions(const CppOptions&) = delete;
   CppOptions& operator=(const CppOptions&) = delete;

@@ -64,8 +64,11 @@ void check_kind(const char* call, const char* arg, const Tensor& t, const Tensor
   if (t.numel() > 0 && t.data == nullptr) invalid(call, arg, "a data pointer (it has " + str(t.numel()) + " elements)", "null");
 }
 
-Cache describe(const char* call, const Tensor& q, const Tensor& kc, const Tensor& vc, const KvCache& kv) {
-  const bool on_host = q.device == Device::cpu;  // else the metadata are device memory: trusted, not read here
+// read_metadata: cache_seqlens and page_table are host memory (CPU tensors, or a CUDA call's validation copy);
+// else they are device memory, trusted and not read here.
+Cache describe(const char* call, const Tensor& q, const Tensor& kc, const Tensor& vc, const KvCache& kv,
+               bool read_metadata) {
+  const bool on_host = read_metadata;
   if (q.rank != 4) invalid(call, "q", "rank 4 [batch, seqlen_q, heads, head_dim]", "rank " + str(q.rank));
   check_kind(call, "k_cache", kc, q);
   check_kind(call, "v_cache", vc, q);
@@ -252,6 +255,19 @@ void forward_kvcache_device(const char* call, const Cache& c, const Tensor& q, c
                             Workspace workspace, Stream stream) {
   const detail::Problem p = device_problem(call, c, q, kc, vc, options);
 #if defined(FA4_WITH_SM90)
+  if (detail::validate_device_metadata(options)) {  // every entry checked on a host copy, as the CPU path does
+    std::vector<int32_t> lens, pages;
+    KvCache host = kv;
+    if (kv.cache_seqlens) {
+      lens = sm90::read_device_ints(call, "kvcache.cache_seqlens", kv.cache_seqlens, c.batch, q.device_index, stream);
+      host.cache_seqlens = lens.data();
+    }
+    if (kv.page_table) {
+      pages = sm90::read_device_ints(call, "kvcache.page_table", kv.page_table, c.batch * c.max_pages, q.device_index, stream);
+      host.page_table = pages.data();
+    }
+    describe(call, q, kc, vc, host, /*read_metadata=*/true);
+  }
   const size_t need = sm90::forward_workspace_bytes(p);
   if (!(workspace.data == nullptr && workspace.bytes == 0) && workspace.bytes < need)
     invalid(call, "workspace", str(int64_t(need)) + " bytes (see workspace_size), or none", str(int64_t(workspace.bytes)) + " bytes");
@@ -274,7 +290,7 @@ void forward_kvcache_device(const char* call, const Cache& c, const Tensor& q, c
 void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const Tensor& out, const Tensor* lse,
                      const KvCache& kv, const Options& options, Workspace workspace, Stream stream) {
   const char* call = "fa4::forward_kvcache";
-  const Cache c = describe(call, q, k_cache, v_cache, kv);
+  const Cache c = describe(call, q, k_cache, v_cache, kv, q.device == Device::cpu);
   if (q.device == Device::cuda) {
     check_outputs(call, q, k_cache, v_cache, out, lse, kv);
     detail::check_sink_options(call, options, q.shape[2], q, true);
@@ -306,7 +322,7 @@ Support supports_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
                          const Options& options) {
   try {
     const char* call = "fa4::supports_kvcache";
-    const Cache c = describe(call, q, k_cache, v_cache, kv);
+    const Cache c = describe(call, q, k_cache, v_cache, kv, q.device == Device::cpu);
     detail::check_sink_options(call, options, q.shape[2], q, true);
     if (q.device == Device::cuda)
       device_problem(call, c, q, k_cache, v_cache, options);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <string>
 #include <utility>
@@ -269,6 +270,12 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
   require_backward_layout(call, p, dout);
   check_workspace(call, p, Pass::backward, workspace, stream);
   return p;
+}
+
+bool validate_device_metadata(const Options& options) {
+  if (options.validate_device_metadata) return true;
+  const char* env = std::getenv("FA4_VALIDATE");
+  return env != nullptr && std::string(env) == "1";
 }
 
 }  // namespace fa4::detail

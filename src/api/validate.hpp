@@ -41,4 +41,8 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
                           const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                           const Options& options, Workspace workspace, Stream stream);
 
+// Whether a varlen / KV-cache call on CUDA tensors checks its device metadata first: options.validate_device_metadata,
+// or FA4_VALIDATE=1 in the environment (read at each such call).
+bool validate_device_metadata(const Options& options);
+
 }  // namespace fa4::detail

@@ -57,13 +57,9 @@ void check_packed_inputs(const char* call, const Tensor& q, const Tensor& k, con
          "null");
 }
 
-// The sequences, from metadata checked entry by entry.
-std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
-  if (q.device != Device::cpu)
-    fail(Status::unsupported, call, "q",
-         "CPU tensors (the backward of a variable-length batch runs on the CPU backend in this version; its forward "
-         "also on CUDA)",
-         std::string("a ") + to_string(q.device) + " tensor");
+// The sequences, from metadata (host arrays) checked entry by entry.
+std::vector<Sequence> checked_sequences(const char* call, const Tensor& q, const Tensor& k, const Tensor& v,
+                                       const Varlen& vl) {
   check_packed_inputs(call, q, k, v, vl);
   auto check_offsets = [&](const int32_t* cu, const char* name, int64_t total) {
     const std::string arg = std::string("varlen.") + name;
@@ -102,6 +98,16 @@ std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor&
          std::to_string(longest_k) + " .. " + std::to_string(k.shape[0]) + " (the longest key sequence .. total_k)",
          std::to_string(vl.max_seqlen_k));
   return seqs;
+}
+
+// The sequences of a call on CPU tensors.
+std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
+  if (q.device != Device::cpu)
+    fail(Status::unsupported, call, "q",
+         "CPU tensors (the backward of a variable-length batch runs on the CPU backend in this version; its forward "
+         "also on CUDA)",
+         std::string("a ") + to_string(q.device) + " tensor");
+  return checked_sequences(call, q, k, v, vl);
 }
 
 // Rows row0 .. row0 + rows - 1 of a packed [total, heads, dim] tensor as a rank-4 batch-1 tensor.
@@ -205,6 +211,19 @@ void forward_varlen_device(const Tensor& q, const Tensor& k, const Tensor& v, co
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   if (lse) check_lse(call, *lse, q);
 #if defined(FA4_WITH_SM90)
+  if (detail::validate_device_metadata(options)) {  // every entry checked on a host copy, as the CPU path does
+    const std::vector<int32_t> cu_q = sm90::read_device_ints(call, "varlen.cu_seqlens_q", vl.cu_seqlens_q, vl.batch + 1,
+                                                             q.device_index, stream);
+    const std::vector<int32_t> cu_k = sm90::read_device_ints(call, "varlen.cu_seqlens_k", vl.cu_seqlens_k, vl.batch + 1,
+                                                             q.device_index, stream);
+    const std::vector<int32_t> used =
+        vl.seqused_k ? sm90::read_device_ints(call, "varlen.seqused_k", vl.seqused_k, vl.batch, q.device_index, stream)
+                     : std::vector<int32_t>{};
+    Varlen host = vl;
+    host.cu_seqlens_q = cu_q.data(), host.cu_seqlens_k = cu_k.data();
+    host.seqused_k = vl.seqused_k ? used.data() : nullptr;
+    checked_sequences(call, q, k, v, host);
+  }
   sm90::forward_varlen(d.p, d.q, d.k, d.v, out, lse, vl, stream);
 #else
   (void)d, (void)stream;

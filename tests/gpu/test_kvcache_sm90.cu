@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -236,6 +238,44 @@ TEST(GpuKvCacheSm90, Small) {
   chunk.heads_q = 2, chunk.heads_kv = 1, chunk.seqlen_q = 3, chunk.capacity = 200, chunk.seed = 8;
   chunk.cached = {1, 150}, chunk.seqlen_new = 3, chunk.options.causal = true;
   check_kvcache(chunk);
+}
+
+}  // namespace
+
+namespace {
+
+// Options::validate_device_metadata (and FA4_VALIDATE=1): each bad device entry is caught before anything is
+// launched or written, by name; without it the same metadata are trusted (not tested: that reads out of bounds).
+TEST(GpuKvCacheSm90, ValidationNamesEachBadDeviceEntry) {
+  REQUIRE_SM90();
+  const int64_t batch = 2, page = 16, max_pages = 4, num_pages = 8, hk = 1, d = 64;
+  auto q = HostTensor::make(DType::bf16, {batch, 1, 2, d});
+  auto kc = HostTensor::make(DType::bf16, {num_pages, page, hk, d});
+  auto out = HostTensor::make(DType::bf16, {batch, 1, 2, d});
+  q.fill_normal(1), kc.fill_normal(2), out.poison();
+  DeviceCopy d_q(q, size_t(q.numel())), d_kc(kc, size_t(kc.numel())), d_vc(kc, size_t(kc.numel())),
+      d_out(out, size_t(out.numel()));
+  auto expect = [&](std::vector<int32_t> lens, std::vector<int32_t> table, const std::string& arg, bool by_env) {
+    const DeviceInts d_lens(lens), d_table(table);
+    fa4::KvCache kv;
+    kv.cache_seqlens = d_lens.ptr, kv.page_table = d_table.ptr, kv.max_pages = max_pages;
+    Options o;
+    o.validate_device_metadata = !by_env;
+    if (by_env) setenv("FA4_VALIDATE", "1", 1);
+    try {
+      fa4::forward_kvcache(d_q.desc(), d_kc.desc(), d_vc.desc(), d_out.desc(), nullptr, kv, o);
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const fa4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+    }
+    if (by_env) unsetenv("FA4_VALIDATE");
+  };
+  expect({70, 3}, {0, 1, 2, 3, 4, 5, 6, 7}, "kvcache.cache_seqlens[0]", false);  // > 4 pages of 16
+  expect({20, 40}, {0, 1, 2, 3, 4, 5, 9, 7}, "kvcache.page_table[1][2]", false);  // page 9 of 8
+  expect({20, 40}, {0, -1, 2, 3, 4, 5, 6, 7}, "kvcache.page_table[0][1]", true);  // by the environment
+  // The output was never written.
+  d_out.copy_back(out);
+  for (double x : out.values()) ASSERT_TRUE(std::isnan(x)) << "a refused call wrote its output";
 }
 
 }  // namespace

@@ -243,3 +243,31 @@ TEST(GpuVarlenSm90, RefusalsNameTheArgument) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(GpuVarlenSm90, ValidationNamesEachBadDeviceEntry) {
+  REQUIRE_SM90();
+  auto q = HostTensor::make(DType::bf16, {1, 40, 2, 64});
+  q.fill_normal(3);
+  DeviceCopy d(q, size_t(q.numel()));
+  auto expect = [&](std::vector<int32_t> cu_q, std::vector<int32_t> used, int64_t max_q, const std::string& arg) {
+    const DeviceInts d_cu_q(cu_q), d_cu_k(std::vector<int32_t>{0, 10, 30}), d_used(used);
+    fa4::Varlen vl;
+    vl.cu_seqlens_q = d_cu_q.ptr, vl.cu_seqlens_k = d_cu_k.ptr, vl.seqused_k = used.empty() ? nullptr : d_used.ptr;
+    vl.batch = 2, vl.max_seqlen_q = max_q, vl.max_seqlen_k = 20;
+    Options o;
+    o.validate_device_metadata = true;
+    try {
+      fa4::forward_varlen(packed(d.desc()), packed(d.desc()), packed(d.desc()), packed(d.desc()), nullptr, vl, o);
+      ADD_FAILURE() << "no error for " << arg;
+    } catch (const fa4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+    }
+  };
+  expect({0, 25, 20}, {}, 25, "varlen.cu_seqlens_q[2]");  // decreasing
+  expect({0, 10, 30}, {5, 21}, 20, "varlen.seqused_k[1]");  // more than its 20 keys
+  expect({0, 10, 30}, {}, 12, "varlen.max_seqlen_q");      // shorter than the longest (20)
+}
+
+}  // namespace

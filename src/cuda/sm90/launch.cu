@@ -113,6 +113,25 @@ bool device_is_sm90(int index) {
          device_attribute(index, cudaDevAttrComputeCapabilityMinor) == 0;
 }
 
+std::vector<int32_t> read_device_ints(const char* call, const char* arg, const int32_t* data, int64_t n,
+                                      int device_index, Stream stream) {
+  std::vector<int32_t> host(size_t(std::max<int64_t>(n, 0)));
+  if (n <= 0) return host;
+  const DeviceGuard device(call, device_index);
+  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  throw_if_cuda_error(call, cudaStreamIsCapturing(cu_stream, &capture), "cudaStreamIsCapturing");
+  if (capture != cudaStreamCaptureStatusNone)
+    throw Error(Status::invalid_argument,
+                std::string(call) + ": argument 'options.validate_device_metadata': expected false (or FA4_VALIDATE "
+                                    "unset) while the stream is captured into a CUDA graph (checking '" + arg +
+                                    "' copies it to the host and synchronizes), got true");
+  throw_if_cuda_error(call, cudaMemcpyAsync(host.data(), data, size_t(n) * sizeof(int32_t), cudaMemcpyDeviceToHost, cu_stream),
+                      (std::string("copying ") + arg + " to the host").c_str());
+  throw_if_cuda_error(call, cudaStreamSynchronize(cu_stream), (std::string("copying ") + arg + " to the host").c_str());
+  return host;
+}
+
 bool tma_addressable(const Tensor& t) {
   try {
     check_tma_layout("", "", t);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "api/problem.hpp"
 #include "fa4/fa4.hpp"
@@ -79,6 +80,12 @@ struct KvCacheArgs {
 void forward_kvcache(const detail::Problem& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& out, const Tensor* lse, const KvCacheArgs& cache, Workspace workspace,
                      Stream stream);
+
+// Options::validate_device_metadata: n int32 of device memory (metadata the caller passed) copied to the host in
+// the stream's order (after whatever the stream was doing, which may have written them); synchronizes the
+// stream, so it refuses a stream under CUDA-graph capture, naming `arg`.
+std::vector<int32_t> read_device_ints(const char* call, const char* arg, const int32_t* data, int64_t n,
+                                      int device_index, Stream stream);
 
 // Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator, LSE·log2e, D).
 size_t backward_workspace_bytes(const detail::Problem& p);
