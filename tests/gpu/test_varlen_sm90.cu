@@ -236,6 +236,7 @@ TEST(GpuVarlenSm90, RefusalsNameTheArgument) {
   Options split;
   split.num_splits = 2;
   expect(split, "options.num_splits");
+  expect({}, "'out': expected memory disjoint from 'q'");  // out is q here
   EXPECT_TRUE(fa4::supports_varlen(fa4::Pass::forward, packed(d.desc()), packed(d.desc()), packed(d.desc()), vl).ok);
   const fa4::Support bwd = fa4::supports_varlen(fa4::Pass::backward, packed(d.desc()), packed(d.desc()), packed(d.desc()), vl);
   EXPECT_FALSE(bwd.ok);
@@ -250,7 +251,7 @@ TEST(GpuVarlenSm90, ValidationNamesEachBadDeviceEntry) {
   REQUIRE_SM90();
   auto q = HostTensor::make(DType::bf16, {1, 40, 2, 64});
   q.fill_normal(3);
-  DeviceCopy d(q, size_t(q.numel()));
+  DeviceCopy d(q, size_t(q.numel())), d_out(q, size_t(q.numel()));
   auto expect = [&](std::vector<int32_t> cu_q, std::vector<int32_t> used, int64_t max_q, const std::string& arg) {
     const DeviceInts d_cu_q(cu_q), d_cu_k(std::vector<int32_t>{0, 10, 30}), d_used(used);
     fa4::Varlen vl;
@@ -259,7 +260,7 @@ TEST(GpuVarlenSm90, ValidationNamesEachBadDeviceEntry) {
     Options o;
     o.validate_device_metadata = true;
     try {
-      fa4::forward_varlen(packed(d.desc()), packed(d.desc()), packed(d.desc()), packed(d.desc()), nullptr, vl, o);
+      fa4::forward_varlen(packed(d.desc()), packed(d.desc()), packed(d.desc()), packed(d_out.desc()), nullptr, vl, o);
       ADD_FAILURE() << "no error for " << arg;
     } catch (const fa4::Error& e) {
       EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
