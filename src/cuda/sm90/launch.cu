@@ -22,6 +22,10 @@
 #include "cuda/trace/launch_sink.hpp"
 #endif
 
+#ifndef FA4_AB_VARLEN_LPT
+#define FA4_AB_VARLEN_LPT 0
+#endif
+
 namespace fa4::sm90 {
 namespace {
 
@@ -259,6 +263,25 @@ size_t forward_workspace_bytes(const detail::Problem& p) {
 
 namespace {
 
+// LPT sections: as many (batch, head) pairs as have K and V (seqlen_k keys each) together in half of L2.
+int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, int device_index) {
+  const int64_t kv_bytes = std::max<int64_t>(1, 2 * seqlen_k * p.head_dim * int64_t(element_size(p.dtype)));
+  const int64_t l2_bytes = device_attribute(device_index, cudaDevAttrL2CacheSize).value_or(0);
+  return int32_t(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(pairs, 1)));
+}
+
+// The LPT order's tile counter (params.order.lpt), in stream-ordered memory: zeroed, used and freed in stream
+// order, so concurrent calls on other streams never share it, and CUDA-graph capture records it as
+// allocation/memset nodes. Nothing without LPT.
+void zero_tile_counter(const char* call, FwdParams& params, cudaStream_t stream,
+                       std::optional<StreamOrderedBuffer>& counter) {
+  if (!params.order.lpt) return;
+  counter.emplace(call, sizeof(uint32_t), stream, "the 4-byte tile counter");
+  params.tile_counter = static_cast<uint32_t*>(counter->get());
+  throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), stream),
+                      "cudaMemsetAsync of the tile counter");
+}
+
 // V's extra maps for the instances with per-sequence geometry (FwdParams::v_map16 / v_map1: the last tile's rows
 // past a sequence's keys are loaded as zeros).
 void map_value_tails(const Tensor& v, int64_t head_dim, FwdParams& params) {
@@ -354,12 +377,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   // and split-KV: every tile costs about the same, a static stride over the persistent grid.
   // A KV-cache call's sequences differ in length, so the static order (each tile takes its own).
   params.order.lpt = p.mask.right >= 0 && p.mask.left < 0 && !plan.pack_gqa && !split && cache == nullptr;
-  {  // LPT sections: as many (batch, head) pairs as have K and V together in half of L2
-    const int64_t kv_bytes = std::max<int64_t>(1, 2 * p.seqlen_k * p.head_dim * int64_t(element_size(p.dtype)));
-    const int64_t pairs = plan.heads * p.batch;
-    const int64_t l2_bytes = device_attribute(q.device_index, cudaDevAttrL2CacheSize).value_or(0);
-    params.order.lpt_section = int32_t(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, pairs));
-  }
+  params.order.lpt_section = lpt_section(p, p.seqlen_k, plan.heads * p.batch, q.device_index);
   // The packed view's rows are query heads of one query position: no mask applies to them (see FwdPlan).
   params.mask = plan.pack_gqa ? num::Mask::make(plan.seqlen_q, p.seqlen_k, false, -1, -1) : p.mask;
   params.score = num::ScoreTransform::make(p.scale, p.softcap);
@@ -386,15 +404,8 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
-  // The LPT tile counter lives in stream-ordered memory: zeroed, used and freed in stream order, so concurrent
-  // calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes.
   std::optional<StreamOrderedBuffer> counter;
-  if (params.order.lpt) {
-    counter.emplace(call, sizeof(uint32_t), cu_stream, "the 4-byte tile counter");
-    params.tile_counter = static_cast<uint32_t*>(counter->get());
-    throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), cu_stream),
-                        "cudaMemsetAsync of the tile counter");
-  }
+  zero_tile_counter(call, params, cu_stream, counter);
 #if FA4_TRACE
   params.trace = trace::begin_launch(
       "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
@@ -505,7 +516,11 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
   params.order.heads_q = int32_t(p.heads_q);
   params.order.batch = int32_t(vl.batch);
   params.order.num_splits = 1;
-  params.order.lpt = false;  // static: every tile takes its own sequence's sizes (a tile past them does nothing)
+  // Static: every tile takes its own sequence's sizes (a tile past them does nothing). A/B candidate
+  // FA4_AB_VARLEN_LPT (off by default, not yet measured): causal-shaped masks walk the longest-first order
+  // (query blocks last first over every sequence, the dense causal order) through the tile counter.
+  params.order.lpt = FA4_AB_VARLEN_LPT && p.mask.right >= 0 && p.mask.left < 0;
+  params.order.lpt_section = lpt_section(p, vl.max_seqlen_k, p.heads_q * vl.batch, q.device_index);
   params.mask = p.mask;      // built on the longest sizes; each tile puts its sequence's sizes in (scheduler.cuh)
   params.score = num::ScoreTransform::make(p.scale, p.softcap);
   params.rescale_threshold = p.rescale_threshold;
@@ -521,8 +536,11 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
                                          std::to_string(p.head_dim) + " (row " + std::to_string(row) + ")",
                                      grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
+  std::optional<StreamOrderedBuffer> counter;
+  zero_tile_counter(call, params, cu_stream, counter);
   throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/true, params, grid, cu_stream),
                       "sm_90a varlen forward launch failed");
+  if (counter) counter->free(call);
 }
 
 }  // namespace fa4::sm90
