@@ -58,6 +58,18 @@ inline std::vector<std::pair<fa4::DType, int>> compiled_instances(bool backward)
   return rows;
 }
 
+// int32 metadata (cu_seqlens, page tables, ...) on the device, as an engine passes them.
+struct DeviceInts {
+  int32_t* ptr = nullptr;
+  explicit DeviceInts(const std::vector<int32_t>& v) {
+    cudaMalloc(&ptr, std::max<size_t>(v.size(), 1) * sizeof(int32_t));
+    cudaMemcpy(ptr, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
+  }
+  ~DeviceInts() { cudaFree(ptr); }
+  DeviceInts(const DeviceInts&) = delete;
+  DeviceInts& operator=(const DeviceInts&) = delete;
+};
+
 // A device copy of a host tensor: same logical shape and strides, the same dense byte image.
 class DeviceCopy {
  public:

@@ -30,17 +30,6 @@ using fa4::DType;
 using fa4::Options;
 using fa4::Tensor;
 
-struct DeviceInts {
-  int32_t* ptr = nullptr;
-  explicit DeviceInts(const std::vector<int32_t>& v) {
-    cudaMalloc(&ptr, std::max<size_t>(v.size(), 1) * sizeof(int32_t));
-    cudaMemcpy(ptr, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
-  }
-  ~DeviceInts() { cudaFree(ptr); }
-  DeviceInts(const DeviceInts&) = delete;
-  DeviceInts& operator=(const DeviceInts&) = delete;
-};
-
 struct CacheCase {
   DType dtype = DType::bf16;
   int64_t head_dim = 128, heads_q = 8, heads_kv = 2, seqlen_q = 1;

@@ -45,18 +45,6 @@ Tensor packed(Tensor t) {
   return t;
 }
 
-// int32 metadata on the device.
-struct DeviceInts {
-  int32_t* ptr = nullptr;
-  explicit DeviceInts(const std::vector<int32_t>& v) {
-    cudaMalloc(&ptr, std::max<size_t>(v.size(), 1) * sizeof(int32_t));
-    cudaMemcpy(ptr, v.data(), v.size() * sizeof(int32_t), cudaMemcpyHostToDevice);
-  }
-  ~DeviceInts() { cudaFree(ptr); }
-  DeviceInts(const DeviceInts&) = delete;
-  DeviceInts& operator=(const DeviceInts&) = delete;
-};
-
 struct VarlenCase {
   DType dtype = DType::bf16;
   int64_t head_dim = 128, heads_q = 6, heads_kv = 2;
