@@ -25,11 +25,34 @@ namespace fa4::sm90 {
 // below 0: every element out of bounds, which TMA fills with zeros and still counts). With `tail` (V: map16 and
 // map1 given) the box that holds the sequence's last key goes in 16-row and 1-row boxes, so that its rows past
 // the end are zeros as well; K's loads whole. Either way the tile receives BlockN full rows (the ring's byte count).
+// A/B candidate (off by default, not yet measured): the producer reads a paged tile's page indices once, before
+// waiting for the tile's K stage, and hands them to both its K and V loads (else each load reads them itself,
+// after its stage is free).
+#ifndef FA4_AB_PAGE_PREFETCH
+#define FA4_AB_PAGE_PREFETCH 0
+#endif
+
+// The page of each kv_box_rows box of K/V tile n_block that holds keys of the tile's sequence, read together (one
+// memory latency, not one per box). Nothing for a contiguous cache or a packed batch.
+template <int BlockN>
+struct TilePages {
+  int32_t page[BlockN / 16];
+  __device__ __forceinline__ void read(const FwdParams& p, const SeqGeometry& geo, int32_t batch, int32_t n_block) {
+    if (p.page_table == nullptr) return;
+    const int32_t key0 = n_block * BlockN;
+#pragma unroll
+    for (int i = 0; i < BlockN / 16; ++i)
+      if (i * p.kv_box_rows < BlockN && i * p.kv_box_rows < geo.seqlen_k - key0)
+        page[i] = p.page_table[int64_t(batch) * p.page_table_stride + (key0 + i * p.kv_box_rows) / p.page_size];
+  }
+};
+
 template <int HeadDim, int BlockN>
 __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const FwdParams& p, const SeqGeometry& geo,
                                                          const CUtensorMap* map, const CUtensorMap* map16,
                                                          const CUtensorMap* map1, int32_t head, int32_t batch,
-                                                         int32_t batch_coord, int32_t n_block, uint64_t* full_barrier) {
+                                                         int32_t batch_coord, int32_t n_block, uint64_t* full_barrier,
+                                                         const TilePages<BlockN>* pages_read = nullptr) {
   constexpr int kChunks = HeadDim / kSw128Columns;
   constexpr int kMaxBoxes = BlockN / 16;
   const int32_t key0 = n_block * BlockN, box_rows = p.kv_box_rows;
@@ -42,14 +65,15 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
       ptx::tma_load(dst + (chunk * BlockN + smem_row) * ptx::kSw128RowBytes, m, coords, full_barrier);
     }
   };
-  // The pages of the boxes that hold keys, read together (one memory latency, not one per box).
-  int32_t page[kMaxBoxes];
-  if (paged) {
+  // The pages of the boxes that hold keys, read together (one memory latency, not one per box), unless given.
+  int32_t own[kMaxBoxes];
+  if (paged && pages_read == nullptr) {
 #pragma unroll
     for (int i = 0; i < kMaxBoxes; ++i)
       if (i * box_rows < BlockN && i * box_rows < valid)
-        page[i] = p.page_table[int64_t(batch) * p.page_table_stride + (key0 + i * box_rows) / p.page_size];
+        own[i] = p.page_table[int64_t(batch) * p.page_table_stride + (key0 + i * box_rows) / p.page_size];
   }
+  const int32_t* page = pages_read != nullptr ? pages_read->page : own;
   // Key `key` of the sequence (in a box that holds keys): its row and outer (batch or page) coordinates.
   auto at = [&](int box, int32_t key, auto&& load) {
     if (paged)
@@ -128,9 +152,12 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     if (range.empty()) continue;  // the consumers write zeros without waiting for anything
     const int32_t kv_head = tile.head / p.group;
     // One K or V tile into its ring (K and V rings step together, on kv_stage).
+    TilePages<Config::kBlockN> pages;  // FA4_AB_PAGE_PREFETCH: the current K/V tile's pages
     auto load_kv = [&](const Ring& ring, uint8_t (&tiles)[Config::kStages][Config::kKvTileBytes],
                        const CUtensorMap* map, const CUtensorMap* map16, const CUtensorMap* map1, int32_t head_step,
                        int32_t batch_step, int32_t n_block) {
+      if constexpr (Varlen && FA4_AB_PAGE_PREFETCH)
+        if (map16 == nullptr) pages.read(p, geo, tile.batch, n_block);  // K's load comes first: read for both
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       ring.producer_acquire(kv_stage);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
@@ -138,7 +165,8 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       if constexpr (Varlen) {
         load_kv_tile_in_sequence<HeadDim, Config::kBlockN>(tiles[kv_stage.index], p, geo, map, map16, map1,
                                                            kv_head * head_step, tile.batch, tile.batch * batch_step,
-                                                           n_block, ring.full_barrier(kv_stage));
+                                                           n_block, ring.full_barrier(kv_stage),
+                                                           FA4_AB_PAGE_PREFETCH ? &pages : nullptr);
       } else {
         (void)map16, (void)map1;
         load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
