@@ -60,6 +60,27 @@ TEST(Cli, RunVarlenChecksEverySequenceKind) {
   EXPECT_TRUE(has(negative, "--varlen: must be >= 0, got -5")) << negative.output;
 }
 
+// A KV-cache call: a shuffled paged cache with NaN in every unfilled slot, new keys appended; checked rows.
+TEST(Cli, RunKvCacheChecksPagedAndContiguous) {
+  const Result paged = fa4("run --kvcache 0,1,40 --page-size 16 --heads 4 --heads-kv 2 -d 32 --causal --iters 1");
+  EXPECT_EQ(paged.code, 0) << paged.output;
+  EXPECT_TRUE(has(paged, "problem   kvcache b=3 cached [0, 1, 40] +1 appended, s_q=1 h=4/2 d=32 bf16 pages of 16")) << paged.output;
+  EXPECT_TRUE(has(paged, "check     PASS")) << paged.output;
+  const Result chunk = fa4("run --kvcache 5,30 --seqlen-q 6 --append 2 --heads 2 -d 32 --iters 1");
+  EXPECT_EQ(chunk.code, 0) << chunk.output;
+  EXPECT_TRUE(has(chunk, "+2 appended, s_q=6 h=2/2 d=32 bf16 contiguous (capacity 32)")) << chunk.output;
+  EXPECT_TRUE(has(chunk, "check     PASS")) << chunk.output;
+  const Result odd = fa4("run --kvcache 5 --page-size 20");
+  EXPECT_NE(odd.code, 0);
+  EXPECT_TRUE(has(odd, "--page-size: expected a multiple of 16 (0: a contiguous cache), got 20")) << odd.output;
+  const Result alone = fa4("run --page-size 16");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_TRUE(has(alone, "--page-size requires --kvcache")) << alone.output;
+  const Result bwd = fa4("run --kvcache 5 --pass bwd");
+  EXPECT_NE(bwd.code, 0);
+  EXPECT_TRUE(has(bwd, "a KV-cache call has no backward")) << bwd.output;
+}
+
 // --host-cost times the GPU backend's launch path; on the CPU backend it says why there is nothing to time.
 TEST(Cli, RunHostCostSaysWhatItMeasures) {
   const Result r = fa4("run -s 64 --heads 2 --iters 1 --host-cost 20");

@@ -18,36 +18,13 @@
 #include "fa4/commands.hpp"
 #include "fa4/common.hpp"
 #include "fa4/gpu.hpp"
+#include "fa4/run_common.hpp"
 
 namespace fa4::cli {
 namespace {
 
 using testing::HostTensor;
 
-struct RunArgs {
-  ProblemArgs problem;
-  std::string pass = "auto";  // auto: forward, and backward where the backend has one
-  std::string backend = "auto";
-  int iters = 3;
-  int check_rows = 8;
-  std::vector<int64_t> varlen;  // per-sequence lengths of a variable-length batch (queries = keys); empty: dense
-  int host_cost_calls = 0;      // > 0: also time the host side of that many unsynchronized calls (GPU backend)
-};
-
-// Relative tolerance of the spot checks. O: per sampled row, max|ours - ref| <= tol * max(1, max|ref|).
-// Gradients: max|ours - ref| <= tol * max|ref| over every checked element of that gradient (their entries
-// are far below 1, so the floor of 1 would let a wrong gradient pass). Two units in the last place of the
-// output dtype, plus the fp32 accumulation error of a long row (loose enough never to flag a correct kernel,
-// tight enough that any indexing or masking bug fails it).
-double row_tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::bf16: return 2.0 / 256;
-    case DType::f16: return 2.0 / 2048;
-    case DType::f32: return 2e-5;
-    case DType::f64: return 1e-12;
-  }
-  return 0;
-}
 
 // The error of one gradient over its checked elements, relative to the largest reference entry among them.
 struct GradError {
@@ -62,31 +39,6 @@ struct GradError {
   }
   double rel() const { return err / (scale > 0 ? scale : 1.0); }
 };
-
-// One sampled row (b, i, h) of O against its fp64 reference row: max|ours - ref| over max(1, max|ref|).
-double row_error(const HostTensor& out, int64_t b, int64_t i, int64_t h, const std::vector<double>& ref,
-                 bool& finite) {
-  double scale = 1, err = 0;
-  for (double r : ref) scale = std::max(scale, std::fabs(r));
-  for (size_t c = 0; c < ref.size(); ++c) {
-    const double x = out.at({b, i, h, int64_t(c)});
-    finite = finite && std::isfinite(x);
-    err = std::max(err, std::fabs(x - ref[c]));
-  }
-  return err / scale;
-}
-
-void print_timing(const char* pass, double seconds, double flops, int iters) {
-  fmt::print("{:<9} {:10.3f} ms   {:8.3f} TFLOP/s   (median of {})\n", pass, seconds * 1e3, flops / seconds / 1e12,
-             iters);
-}
-
-// The check line; a failure sets the exit status.
-void print_check(bool ok, const std::string& what, double tol, bool finite) {
-  fmt::print("check     {}: max rel err vs the fp64 reference {} (tolerance {:.1e}){}\n", ok ? "PASS" : "FAIL", what, tol,
-             finite ? "" : "; non-finite values");
-  if (!ok) set_exit_code(1);
-}
 
 // Above this many multiply-adds per slice (heads per kv head × s_q × s_k × d) the dK/dV check is left out: a
 // slice is one head's whole fp64 backward on one core (about 5 of these per multiply-add).
@@ -301,6 +253,10 @@ void run_varlen(const RunArgs& a) {
 }
 
 void run(const RunArgs& a) {
+  if (!a.kvcache.empty()) {
+    run_kvcache(a);
+    return;
+  }
   if (!a.varlen.empty()) {
     run_varlen(a);
     return;
@@ -472,6 +428,23 @@ void add_run_command(CLI::App& app) {
                             ->check(kAtLeastZero);
   // The batch and its lengths come from --varlen, its layout is the packed one: those options would be ignored.
   for (const char* other : {"--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--layout"}) varlen->excludes(other);
+  CLI::Option* kvcache = cmd->add_option("--kvcache", args->kvcache,
+                                         "a KV-cache call (flash_attn_with_kvcache): the keys already cached per "
+                                         "sequence, comma-separated; --seqlen-q queries each (default 1)")
+                             ->delimiter(',')
+                             ->check(kAtLeastZero);
+  CLI::Option* page = cmd->add_option("--page-size", args->page_size,
+                                      "with --kvcache: a paged cache of pages of N rows (a multiple of 16), handed "
+                                      "out shuffled; 0: contiguous")
+                          ->check(kAtLeastZero)
+                          ->capture_default_str();
+  CLI::Option* append = cmd->add_option("--append", args->append,
+                                        "with --kvcache: new keys appended per sequence in the call (default: "
+                                        "--seqlen-q)")
+                            ->check(kAtLeastZero);
+  page->needs(kvcache), append->needs(kvcache);
+  kvcache->excludes(varlen);
+  for (const char* other : {"--batch", "--seqlen", "--seqlen-k", "--layout"}) kvcache->excludes(other);
   cmd->callback([args] { run(*args); });
 }
 
