@@ -216,11 +216,38 @@ def window_bounds(call, window_size):
     return tuple(bounds)
 
 
+_OPTIONS_CACHE = {}  # the argument tuple -> its validated Options (no sinks: nothing per call in them)
+
+
 def options(call, softmax_scale=None, causal=False, window_left=-1, window_right=-1, softcap=0.0,
             deterministic=False, sinks=None, dsinks=None, num_splits=0):
     """fa4_options from FlashAttention's keyword arguments, on top of the library's defaults; sinks, dsinks: rank-1
     fa4_tensor descriptors (kept alive by the returned struct); num_splits: split-KV ranges (0: the backend's
-    choice)."""
+    choice). Without sinks the struct is built once per distinct argument tuple and shared (callers pass it by
+    reference to the library, which only reads it): building it was several microseconds of every call's host
+    time (issue 12)."""
+    if sinks is not None or dsinks is not None:
+        return _build_options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic, sinks,
+                              dsinks, num_splits)
+    key = (softmax_scale, type(softmax_scale), causal, window_left, window_right, softcap, type(softcap),
+           deterministic, num_splits, type(num_splits))
+    try:
+        return _OPTIONS_CACHE[key]
+    except KeyError:
+        pass
+    except TypeError:  # an unhashable argument: built every time (and refused there if it is wrong)
+        return _build_options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic, None,
+                              None, num_splits)
+    o = _build_options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic, None, None,
+                       num_splits)
+    if len(_OPTIONS_CACHE) >= 256:
+        _OPTIONS_CACHE.clear()
+    _OPTIONS_CACHE[key] = o
+    return o
+
+
+def _build_options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic, sinks, dsinks,
+                   num_splits):
     o = Options.from_buffer_copy(library().default_options)
     if softmax_scale is not None:
         o.has_softmax_scale = 1

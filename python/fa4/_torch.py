@@ -17,7 +17,6 @@ from .errors import InvalidArgumentError, UnsupportedError
 
 _DTYPE_CODES = {torch.float32: _capi.F32, torch.float16: _capi.F16, torch.bfloat16: _capi.BF16,
                 torch.float64: _capi.F64}
-_DEVICE_CODES = {"cpu": _capi.CPU, "cuda": _capi.CUDA}
 
 
 def describe(call, name, t):
@@ -26,11 +25,15 @@ def describe(call, name, t):
     if code is None:
         raise InvalidArgumentError(f"{call}: argument '{name}': expected dtype float32, float16, bfloat16 or "
                                    f"float64, got {t.dtype}")
-    device = _DEVICE_CODES.get(t.device.type)
-    if device is None:
+    # is_cuda / get_device() rather than t.device, which builds a torch.device per access (host cost, issue 12).
+    if t.is_cuda:
+        device, index = _capi.CUDA, t.get_device()
+    elif t.is_cpu:
+        device, index = _capi.CPU, 0
+    else:
         raise InvalidArgumentError(f"{call}: argument '{name}': expected a cpu or cuda tensor, got device "
                                    f"{t.device}")
-    return _capi.tensor(call, name, t.data_ptr() or None, code, device, t.device.index or 0, t.shape, t.stride())
+    return _capi.tensor(call, name, t.data_ptr() or None, code, device, index, t.shape, t.stride())
 
 
 def _unit_head_dim_stride(t):
@@ -44,13 +47,13 @@ def _lse_shape(q):
 
 def _device_guard(q):
     # Kernels launch on the current device: make it q's (nothing to do in the common single-GPU case).
-    if q.device.type == "cuda" and q.device.index != torch.cuda.current_device():
-        return torch.cuda.device(q.device.index)
+    if q.is_cuda and q.get_device() != torch.cuda.current_device():
+        return torch.cuda.device(q.get_device())
     return contextlib.nullcontext()
 
 
 def _stream(q):
-    return torch.cuda.current_stream(q.device).cuda_stream if q.device.type == "cuda" else None
+    return torch.cuda.current_stream(q.get_device()).cuda_stream if q.is_cuda else None
 
 
 def _workspace(pass_, inputs, options, device):
