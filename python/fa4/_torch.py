@@ -99,7 +99,7 @@ def _forward_impl(q, k, v, learnable_sink, softmax_scale, causal, window_left, w
     the library then writes none, and the call allocates one tensor less)."""
     call = "fa4.flash_attn_func"
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device) if need_lse else None
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
@@ -279,7 +279,7 @@ def forward_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnab
     call = "fa4.flash_attn_varlen_func"
     q, k, v = (_unit_head_dim_stride(t) for t in (q, k, v))
     varlen = _varlen(call, q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k", k), ("v", v))]
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic,
@@ -400,7 +400,7 @@ def forward_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         _int32_metadata(call, "cache_seqlens", cache_seqlens, q, 1, q.shape[0])
     if page_table is not None:
         _int32_metadata(call, "page_table", page_table, q, 2, q.shape[0])
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
     # non-unit head_dim stride).
