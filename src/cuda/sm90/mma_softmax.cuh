@@ -352,19 +352,13 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
   };
-  // The fully visible tiles [fast_begin, fast_end) of [range.begin + 1, range.end): tile_pair_fully_visible in
-  // closed form (n·block_n >= the last valid row's first key, (n + 1)·block_n <= the first row's key end and
-  // seqlen_k). Both window ends grow with the row, so they are one run; the others run the general body.
+  // The fully visible tiles [fast_begin, fast_end) of [range.begin + 1, range.end) (visibility.hpp: one run);
+  // the others run the general body. Empty unless the call is in the interior body's case.
   int32_t fast_begin = range.end, fast_end = range.end;
   if (form == ScoreForm::raw_max && p.exp2_emulated_per16 == 0) {
-    const num::Mask& mask = Varlen ? geo.mask : p.mask;
-    const int64_t row_first = int64_t(tile.m_block) * kBlockM;
-    const int64_t row_last = (row_first + kBlockM < mask.seqlen_q ? row_first + kBlockM : mask.seqlen_q) - 1;
-    const int64_t key_first = mask.key_begin(row_last);  // >= 0
-    const int64_t key_end = mask.key_end(row_first) < mask.seqlen_k ? mask.key_end(row_first) : mask.seqlen_k;
-    const int64_t lo = (key_first + kBlockN - 1) / kBlockN, hi = key_end / kBlockN;
-    fast_begin = int32_t(lo < range.begin + 1 ? range.begin + 1 : lo > range.end ? range.end : lo);
-    fast_end = int32_t(hi < fast_begin ? fast_begin : hi > range.end ? range.end : hi);
+    const TileRun run = fully_visible_run<kBlockM, kBlockN>(Varlen ? geo.mask : p.mask, tile.m_block,
+                                                             range.begin + 1, range.end);
+    fast_begin = run.begin, fast_end = run.end;
   }
   // General tiles up to the run, the run, then general tiles to the end (two copies of the body, not three).
   int32_t n_block = range.begin + 1;

@@ -11,6 +11,7 @@
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/config.hpp"
+#include "cuda/sm90/visibility.hpp"
 #include "fa4/fa4.hpp"
 #include "numerics/mask.hpp"
 
@@ -62,18 +63,6 @@ cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint
       e = cudaLaunchKernelEx(&config, kernel, params);
   }
   return e;
-}
-
-// Whether every (query, key) of query tile m_block × key tile n_block is visible, so the softmax skips the
-// per-element predicates: keys inside seqlen_k and inside every valid row's window (both window ends grow with
-// the row, so the first and last valid rows decide). Rows past seqlen_q are never stored (forward) or have
-// P = 0 (backward), so they do not count.
-template <int BlockM, int BlockN>
-__device__ __forceinline__ bool tile_pair_fully_visible(const num::Mask& mask, int32_t m_block, int32_t n_block) {
-  const int64_t row0 = int64_t(m_block) * BlockM;
-  const int64_t row_last = (row0 + BlockM < mask.seqlen_q ? row0 + BlockM : mask.seqlen_q) - 1;
-  const int64_t key0 = int64_t(n_block) * BlockN, key_end = key0 + BlockN;
-  return key_end <= mask.seqlen_k && key0 >= mask.key_begin(row_last) && key_end <= mask.key_end(row0);
 }
 
 // Accumulator register i of a thread: row half (i/2)%2 (row r or r + 8), column 8·(i/4) + 2c + i%2.

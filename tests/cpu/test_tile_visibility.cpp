@@ -1,0 +1,48 @@
+// The forward's interior run (cuda/sm90/visibility.hpp): fully_visible_run's closed form against
+// tile_pair_fully_visible, the definition, for every K/V tile of random masks (causal, windows, unequal lengths,
+// tails), tile shapes of the sm_90a rows, and key ranges cut as split-KV and the steady state cut them.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+
+#include "cuda/sm90/visibility.hpp"
+
+namespace {
+
+template <int BlockM, int BlockN>
+void check_shape(std::mt19937_64& rng, int cases) {
+  for (int c = 0; c < cases; ++c) {
+    const int64_t sq = 1 + int64_t(rng() % 700), sk = int64_t(rng() % 900);
+    const int kind = int(rng() % 4);
+    const bool causal = kind == 1 || kind == 3;
+    const int64_t left = kind >= 2 ? int64_t(rng() % 300) : -1, right = kind == 2 ? int64_t(rng() % 50) : -1;
+    const fa4::num::Mask mask = fa4::num::Mask::make(sq, sk, causal, left, right);
+    const int32_t m_blocks = int32_t((sq + BlockM - 1) / BlockM), n_tiles = int32_t((sk + BlockN - 1) / BlockN);
+    for (int32_t m = 0; m < m_blocks; ++m) {
+      // A range as the steady state sees it: [begin + 1, end) of some cut of the tiles (split-KV parts included).
+      const int32_t first = n_tiles ? int32_t(rng() % uint64_t(n_tiles + 1)) : 0;
+      const int32_t last = first + (n_tiles > first ? int32_t(rng() % uint64_t(n_tiles - first + 1)) : 0);
+      const fa4::sm90::TileRun run = fa4::sm90::fully_visible_run<BlockM, BlockN>(mask, m, first, last);
+      ASSERT_LE(first, run.begin);
+      ASSERT_LE(run.begin, run.end);
+      ASSERT_LE(run.end, last);
+      for (int32_t n = first; n < last; ++n)
+        ASSERT_EQ(n >= run.begin && n < run.end, (fa4::sm90::tile_pair_fully_visible<BlockM, BlockN>(mask, m, n)))
+            << "tile (" << m << ", " << n << ") of " << BlockM << "x" << BlockN << ", sq " << sq << " sk " << sk
+            << " causal " << causal << " window (" << left << ", " << right << "), range [" << first << ", " << last
+            << ")";
+    }
+  }
+}
+
+TEST(TileVisibility, ClosedFormRunIsTheDefinition) {
+  std::mt19937_64 rng(42);
+  check_shape<128, 128>(rng, 400);  // d = 64 short, d = 128
+  check_shape<192, 112>(rng, 400);  // d = 64 long
+  check_shape<64, 128>(rng, 400);   // d = 128 decode
+  check_shape<128, 96>(rng, 400);   // d = 192
+  check_shape<128, 64>(rng, 400);   // d = 256
+}
+
+}  // namespace
