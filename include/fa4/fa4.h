@@ -58,6 +58,8 @@ typedef struct fa4_options {
   const struct fa4_tensor* dsinks; /* backward only, with sinks: their gradient, fp32 [heads_q]; NULL: not computed */
   int32_t num_splits;              /* split-KV (forward): 0 = the backend's choice (CPU: 1), n >= 1 = n key ranges
                                       merged with the LSE rule; reads as 0 from a struct_size ending before it */
+  int32_t reserved0;                /* 0; keeps the next field past the tail padding of the struct before it
+                                       (a struct_size of 72 from an older client never reads it) */
   int32_t validate_device_metadata; /* varlen / KV-cache on CUDA: copy the device metadata to the host and check
                                        every entry first (synchronizes; fa4::Options::validate_device_metadata);
                                        reads as 0 from a struct_size ending before it */

@@ -60,6 +60,7 @@ class Options(ctypes.Structure):
         ("sinks", ctypes.POINTER(Tensor)),
         ("dsinks", ctypes.POINTER(Tensor)),
         ("num_splits", ctypes.c_int32),
+        ("reserved0", ctypes.c_int32),
         ("validate_device_metadata", ctypes.c_int32),
     ]
 
@@ -226,18 +227,19 @@ def options(call, softmax_scale=None, causal=False, window_left=-1, window_right
     choice). Without sinks the struct is built once per distinct argument tuple and shared (callers pass it by
     reference to the library, which only reads it): building it was several microseconds of every call's host
     time (issue 12)."""
-    if sinks is not None or dsinks is not None:
+    # Cached only for plain Python values (a tensor or numpy scalar may change, or convert differently): the key
+    # is what the struct is built from, so two tuples that compare equal build the same struct.
+    if sinks is not None or dsinks is not None or not (
+            (softmax_scale is None or type(softmax_scale) in (int, float)) and type(softcap) in (int, float)
+            and type(causal) is bool and type(deterministic) is bool and type(num_splits) is int
+            and type(window_left) is int and type(window_right) is int):
         return _build_options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic, sinks,
                               dsinks, num_splits)
-    key = (softmax_scale, type(softmax_scale), causal, window_left, window_right, softcap, type(softcap),
-           deterministic, num_splits, type(num_splits))
+    key = (softmax_scale, causal, window_left, window_right, softcap, deterministic, num_splits)
     try:
         return _OPTIONS_CACHE[key]
     except KeyError:
         pass
-    except TypeError:  # an unhashable argument: built every time (and refused there if it is wrong)
-        return _build_options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic, None,
-                              None, num_splits)
     o = _build_options(call, softmax_scale, causal, window_left, window_right, softcap, deterministic, None, None,
                        num_splits)
     if len(_OPTIONS_CACHE) >= 256:

@@ -64,6 +64,9 @@ class CppOptions {
       r_.dsinks = &dsinks_;
     }
     if (has(offsetof(fa4_options, num_splits) + sizeof(o->num_splits))) r_.num_splits = o->num_splits;
+    // 72 was sizeof(fa4_options) before this field (num_splits then tail padding): an older client's struct_size
+    // of 72 must not reach it, whatever its padding bytes hold.
+    static_assert(offsetof(fa4_options, validate_device_metadata) >= 72, "validate_device_metadata in old padding");
     if (has(offsetof(fa4_options, validate_device_metadata) + sizeof(o->validate_device_metadata)))
       r_.validate_device_metadata = o->validate_device_metadata != 0;
   }

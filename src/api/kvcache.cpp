@@ -200,12 +200,16 @@ void check_outputs(const char* call, const Tensor& q, const Tensor& kc, const Te
   check_kind(call, "out", out, q);
   for (int i = 0; i < 4; ++i)
     if (out.shape[i] != q.shape[i]) invalid(call, "out", "shape " + detail::shape_string(q) + " (as 'q')", detail::shape_string(out));
-  if (lse && (lse->rank != 3 || lse->dtype != DType::f32 || lse->device != q.device || lse->shape[0] != q.shape[0] ||
-              lse->shape[1] != q.shape[2] || lse->shape[2] != q.shape[1]))
+  if (lse && (lse->rank != 3 || lse->dtype != DType::f32 || lse->device != q.device ||
+              lse->device_index != q.device_index || lse->shape[0] != q.shape[0] || lse->shape[1] != q.shape[2] ||
+              lse->shape[2] != q.shape[1]))
     invalid(call, "lse",
             "an f32 rank 3 [" + str(q.shape[0]) + ", " + str(q.shape[2]) + ", " + str(q.shape[1]) +
                 "] ([batch, heads, seqlen_q]) on q's device",
-            std::string(to_string(lse->dtype)) + " rank " + str(lse->rank) + " " + detail::shape_string(*lse));
+            std::string(to_string(lse->dtype)) + " rank " + str(lse->rank) + " " + detail::shape_string(*lse) + " on " +
+                to_string(lse->device) + " " + str(lse->device_index));
+  if (lse && lse->numel() > 0 && lse->data == nullptr)
+    invalid(call, "lse", "a data pointer (it has " + str(lse->numel()) + " elements)", "null");
   std::vector<std::pair<const char*, const Tensor*>> inputs = {{"q", &q}, {"k_cache", &kc}, {"v_cache", &vc}};
   if (kv.k_new) inputs.insert(inputs.end(), {{"kvcache.k_new", kv.k_new}, {"kvcache.v_new", kv.v_new}});
   for (const auto& [name, t] : inputs) {
@@ -242,6 +246,13 @@ void require_all(const Cache& c, const Tensor& q, const Tensor& kc, const Option
 detail::Problem device_problem(const char* call, const Cache& c, const Tensor& q, const Tensor& kc, const Tensor& vc,
                                const Options& options) {
   if (!c.paged) return detail::validate_inputs(call, q, kc, vc, options);
+  // The kernels address a page by its index along shape[0]: pages must be distinct in memory, and exist.
+  if (kc.shape[0] > 1 && (kc.stride[0] == 0 || vc.stride[0] == 0))
+    invalid(call, kc.stride[0] == 0 ? "k_cache.stride[0]" : "v_cache.stride[0]",
+            "a non-zero page stride (each page its own rows)", "0");
+  if (kc.shape[0] == 0 && c.max_pages > 0)
+    invalid(call, "k_cache", "at least one page (kvcache.max_pages is " + str(c.max_pages) + ")",
+            detail::shape_string(kc));
   const Tensor keys = Tensor::contiguous(kc.data, kc.dtype, kc.device, {c.batch, c.capacity, c.heads_kv, c.head_dim});
   Tensor keys_on_device = keys;
   keys_on_device.device_index = kc.device_index;

@@ -452,6 +452,17 @@ TEST(KvCache, BadArgumentsAreRefusedByNameAndWriteNothing) {
   expect(mixed.reason, "argument 'k_cache': expected the dtype and device of q");
   EXPECT_TRUE(fa4::supports_kvcache(c.q.desc(), c.k_cache.desc(), c.v_cache.desc(), good).ok);
   EXPECT_EQ(c.k_cache.storage(), before) << "supports_kvcache must not append";
+  // The CUDA path's own layout checks come before any backend is selected (so they hold on any build): an lse
+  // without data, a broadcast page dimension.
+  Tensor out_gpu = c.out.desc(), lse_gpu = c.lse.desc();
+  out_gpu.device = lse_gpu.device = fa4::Device::cuda;
+  lse_gpu.data = nullptr;
+  expect(refusal([&] { fa4::forward_kvcache(q_gpu, k_gpu, v_gpu, out_gpu, &lse_gpu, no_append); }),
+         "argument 'lse': expected a data pointer");
+  Tensor k_broadcast = k_gpu;
+  k_broadcast.stride[0] = 0;
+  expect(refusal([&] { fa4::forward_kvcache(q_gpu, k_broadcast, v_gpu, out_gpu, nullptr, no_append); }),
+         "argument 'k_cache.stride[0]': expected a non-zero page stride");
 }
 
 }  // namespace

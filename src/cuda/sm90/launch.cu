@@ -282,6 +282,16 @@ void zero_tile_counter(const char* call, FwdParams& params, cudaStream_t stream,
                       "cudaMemsetAsync of the tile counter");
 }
 
+// A KV-cache call's new keys and values into the caches (the copy kernel; nothing without k_new).
+void append_new_keys(const char* call, const Tensor& k_cache, const Tensor& v_cache, const KvCacheArgs& cache,
+                     cudaStream_t stream) {
+  if (cache.k_new == nullptr || cache.seqlen_new == 0) return;
+  throw_if_cuda_error(call,
+                      launch_kvcache_append(k_cache, v_cache, *cache.k_new, *cache.v_new, cache.cache_seqlens,
+                                            cache.page_table, cache.max_pages, cache.page_size, stream),
+                      "KV-cache append launch failed");
+}
+
 // V's extra maps for the instances with per-sequence geometry (FwdParams::v_map16 / v_map1: the last tile's rows
 // past a sequence's keys are loaded as zeros).
 void map_value_tails(const Tensor& v, int64_t head_dim, FwdParams& params) {
@@ -294,7 +304,13 @@ void map_value_tails(const Tensor& v, int64_t head_dim, FwdParams& params) {
 void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in, const Tensor& k, const Tensor& v,
                  const Tensor& out_in, const Tensor* lse_in, const KvCacheArgs* cache, Workspace workspace,
                  Stream stream) {
-  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) return;  // no output element
+  if (p.batch == 0 || p.heads_q == 0 || p.seqlen_q == 0) {  // no output element; a KV-cache call still appends
+    if (cache != nullptr && p.batch > 0) {
+      const DeviceGuard device(call, q_in.device_index);
+      append_new_keys(call, k, v, *cache, reinterpret_cast<cudaStream_t>(stream));
+    }
+    return;
+  }
   const FwdPlan plan = plan_forward(p);
   const int row = plan.row;
   if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
@@ -413,6 +429,10 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
           (split ? " splits " + std::to_string(plan.splits) : "") + (plan.pack_gqa ? " gqa-packed" : ""),
       grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
+  // A KV-cache call's append, last before the kernel: every check above (workspace, tile count, tensor maps,
+  // allocations) has passed, so a refused call has written nothing into the caches. The forward's
+  // cudaGridDependencySynchronize waits for it.
+  if (cache != nullptr) append_new_keys(call, k, v, *cache, cu_stream);
   throw_if_cuda_error(call,
                       launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/cache != nullptr, params, grid, cu_stream),
                       "sm_90a forward launch failed");
@@ -451,16 +471,7 @@ void forward(const detail::Problem& p, const Tensor& q, const Tensor& k, const T
 void forward_kvcache(const detail::Problem& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& out, const Tensor* lse, const KvCacheArgs& cache, Workspace workspace,
                      Stream stream) {
-  const char* call = "fa4::forward_kvcache";
-  if (cache.k_new != nullptr && cache.seqlen_new > 0 && p.batch > 0) {
-    const DeviceGuard device(call, q.device_index);
-    throw_if_cuda_error(call,
-                        launch_kvcache_append(k_cache, v_cache, *cache.k_new, *cache.v_new, cache.cache_seqlens,
-                                              cache.page_table, cache.max_pages, cache.page_size,
-                                              reinterpret_cast<cudaStream_t>(stream)),
-                        "KV-cache append launch failed");
-  }
-  run_forward(call, p, q, k_cache, v_cache, out, lse, &cache, workspace, stream);
+  run_forward("fa4::forward_kvcache", p, q, k_cache, v_cache, out, lse, &cache, workspace, stream);
 }
 
 void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out3,
