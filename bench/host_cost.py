@@ -7,8 +7,11 @@ fa4.flash_attn_func beside torch SDPA (cuDNN backend) on the same tensors, forwa
   PYTHONPATH=python FA4_LIBRARY=build-sm90/libfa4.so python3 bench/host_cost.py [--calls 200] [--json out.json]
 
 Shapes: decode (b = 1, one query, 4096 keys, 32 query / 8 kv heads, d = 128) and a small prefill (b = 1, 512,
-16 heads, d = 128), bf16. On a machine without CUDA, CPU tensors are timed instead: there the call is the
-computation, so the figures say nothing about launch cost and the script says so.
+16 heads, d = 128), bf16; and the same decode through flash_attn_with_kvcache on a paged cache (64-row pages, one
+key appended: an engine's decode step; SDPA has no paged form, so no peer there). Each figure is the best of
+--reps repetitions of --calls calls (the median too): the host's own noise is large (perf-log F4). On a machine
+without CUDA, CPU tensors are timed instead: there the call is the computation, so the figures say nothing about
+launch cost and the script says so.
 """
 import argparse
 import json
@@ -25,26 +28,31 @@ SHAPES = {"decode b1 sk4096 h32/8 d128": (1, 1, 4096, 32, 8, 128),
           "prefill b1 s512 h16 d128": (1, 512, 512, 16, 16, 128)}
 
 
-def per_call_us(fn, calls, device):
+def per_call_us(fn, calls, device, reps):
+    """(best, median) microseconds per call over `reps` repetitions of `calls` back-to-back calls."""
     fn()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return elapsed / calls * 1e6
+    times = []
+    for _ in range(reps):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls * 1e6)
+        if device == "cuda":
+            torch.cuda.synchronize()
+    times.sort()
+    return times[0], times[len(times) // 2]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--json", help="write the rows here too")
     a = ap.parse_args()
-    if a.calls < 1:
-        ap.error(f"--calls: expected >= 1, got {a.calls}")
+    if a.calls < 1 or a.reps < 1:
+        ap.error(f"--calls and --reps: expected >= 1, got {a.calls} and {a.reps}")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     rows = []
@@ -53,15 +61,31 @@ def main():
         k = torch.randn(b, sk, hkv, d, device=device, dtype=dtype)
         v = torch.randn(b, sk, hkv, d, device=device, dtype=dtype)
         with torch.no_grad():
-            ours = per_call_us(lambda: fa4.flash_attn_func(q, k, v), a.calls, device)
+            ours = per_call_us(lambda: fa4.flash_attn_func(q, k, v), a.calls, device, a.reps)
             qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION if device == "cuda"
                                                 else torch.nn.attention.SDPBackend.MATH):
                 sdpa = per_call_us(lambda: torch.nn.functional.scaled_dot_product_attention(
-                    qt, kt, vt, enable_gqa=h != hkv), a.calls, device)
-        rows.append({"shape": name, "device": device, "fa4_us": ours, "sdpa_us": sdpa, "calls": a.calls})
-        print(f"{name:30s} fa4 {ours:8.2f} us/call   sdpa ({'cuDNN' if device == 'cuda' else 'math'}) "
-              f"{sdpa:8.2f} us/call")
+                    qt, kt, vt, enable_gqa=h != hkv), a.calls, device, a.reps)
+        rows.append({"shape": name, "device": device, "fa4_us": ours[0], "fa4_us_median": ours[1],
+                     "sdpa_us": sdpa[0], "sdpa_us_median": sdpa[1], "calls": a.calls, "reps": a.reps})
+        print(f"{name:30s} fa4 {ours[0]:8.2f} us/call (median {ours[1]:.2f})   sdpa "
+              f"({'cuDNN' if device == 'cuda' else 'math'}) {sdpa[0]:8.2f} (median {sdpa[1]:.2f})")
+    # An engine's decode step: the paged cache read in place, one key appended.
+    b, sk, h, hkv, d, page = 1, 4096, 32, 8, 128, 64
+    k_cache = torch.randn(b * sk // page + 1, page, hkv, d, device=device, dtype=dtype)
+    v_cache = torch.randn_like(k_cache)
+    table = torch.randperm(b * sk // page, device=device).to(torch.int32).reshape(b, sk // page)
+    lens = torch.full((b,), sk - 1, dtype=torch.int32, device=device)
+    q = torch.randn(b, 1, h, d, device=device, dtype=dtype)
+    k_new, v_new = (torch.randn(b, 1, hkv, d, device=device, dtype=dtype) for _ in range(2))
+    with torch.no_grad():
+        ours = per_call_us(lambda: fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lens,
+                                                               page_table=table), a.calls, device, a.reps)
+    name = "kvcache decode sk4096 page64"
+    rows.append({"shape": name, "device": device, "fa4_us": ours[0], "fa4_us_median": ours[1], "calls": a.calls,
+                 "reps": a.reps})
+    print(f"{name:30s} fa4 {ours[0]:8.2f} us/call (median {ours[1]:.2f})   (no SDPA peer: no paged form)")
     if device == "cpu":
         print("note: no CUDA device: CPU tensors were timed, so these are compute times, not host launch cost")
     if a.json:
