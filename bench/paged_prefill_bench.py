@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import fa4  # noqa: E402
+from cuda_timing import time_ms  # noqa: E402  (bench/, the script's own folder)
 
 HEADS, HEADS_KV, D, PAGE = 32, 8, 128, 64
 DEFAULT_SHAPES = "1x16384x2048,4x8192x1024,8x4096x512"
@@ -45,23 +46,6 @@ def parse_shapes(text):
             raise argparse.ArgumentTypeError(f"{item!r}: expected CHUNK <= SEQLEN_K and SEQLEN_K a multiple of {PAGE}")
         shapes.append((b, sk, sq))
     return shapes
-
-
-def time_ms(fn, calls, reps):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    times.sort()
-    return times[len(times) // 2]
 
 
 def main():

@@ -29,6 +29,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import fa4  # noqa: E402
+from cuda_timing import time_ms  # noqa: E402  (bench/, the script's own folder)
 
 
 def lengths(tokens, low, high, seed):
@@ -43,22 +44,6 @@ def lengths(tokens, low, high, seed):
 
 def pairs(n, causal):
     return n * (n + 1) // 2 if causal else n * n
-
-
-def time_ms(fn, calls, reps):
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
 
 
 def main():

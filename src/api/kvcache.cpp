@@ -279,9 +279,7 @@ void forward_kvcache_device(const char* call, const Cache& c, const Tensor& q, c
     }
     describe(call, q, kc, vc, host, /*read_metadata=*/true);
   }
-  const size_t need = sm90::forward_workspace_bytes(p);
-  if (!(workspace.data == nullptr && workspace.bytes == 0) && workspace.bytes < need)
-    invalid(call, "workspace", str(int64_t(need)) + " bytes (see workspace_size), or none", str(int64_t(workspace.bytes)) + " bytes");
+  detail::check_workspace(call, p, Pass::forward, workspace, stream);
   sm90::KvCacheArgs args;
   args.cache_seqlens = kv.cache_seqlens;
   args.page_table = kv.page_table;

@@ -90,6 +90,9 @@ void check_lse(const char* call, const Tensor& lse, const Problem& p, const Tens
             shape_string(lse));
 }
 
+
+}  // namespace
+
 void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws, Stream stream) {
   const std::size_t need = workspace_bytes(p, pass);
   // No workspace at all ({nullptr, 0}) is allowed: the backend then takes what it needs from the stream-ordered
@@ -100,8 +103,6 @@ void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws
   if (ws.bytes > 0 && ws.data == nullptr) invalid(call, "workspace", "a data pointer for " + std::to_string(ws.bytes) + " bytes", "null");
   if (p.device == Device::cpu && stream != nullptr) invalid(call, "stream", "null for cpu tensors", "a CUDA stream");
 }
-
-}  // namespace
 
 // An output must not write any element twice: sorted by |stride|, each dim must step past all the smaller.
 void check_no_self_overlap(const char* call, const char* arg, const Tensor& t) {
@@ -216,6 +217,16 @@ Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, cons
   return p;
 }
 
+void check_outputs_apart(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor* lse) {
+  check_no_self_overlap(call, "out", out);
+  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) check_disjoint(call, "out", out, name, *t);
+  if (lse) {
+    check_no_self_overlap(call, "lse", *lse);
+    for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}) check_disjoint(call, "lse", *lse, name, *t);
+  }
+}
+
 Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
                          const Options& options, Workspace workspace, Stream stream) {
   const char* call = "fa4::forward";
@@ -224,13 +235,8 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   check_tensor(call, "out", out, 4);
   check_same_kind(call, "out", out, q, q.dtype);
   check_same_shape(call, "out", out, "q", q);
-  check_no_self_overlap(call, "out", out);
-  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) check_disjoint(call, "out", out, name, *t);
-  if (lse) {
-    check_lse(call, *lse, p, q);
-    check_no_self_overlap(call, "lse", *lse);
-    for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}}) check_disjoint(call, "lse", *lse, name, *t);
-  }
+  if (lse) check_lse(call, *lse, p, q);
+  check_outputs_apart(call, q, k, v, out, lse);
   check_workspace(call, p, Pass::forward, workspace, stream);
   return p;
 }

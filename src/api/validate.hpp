@@ -41,6 +41,14 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
                           const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                           const Options& options, Workspace workspace, Stream stream);
 
+// A forward's out (and lse) may not overlap themselves, q, k, v (or each other).
+void check_outputs_apart(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                         const Tensor* lse);
+
+// The caller's workspace: none ({nullptr, 0}: the backend allocates stream-ordered), or at least
+// workspace_bytes(p, pass) at a non-null pointer; a CPU call takes no stream.
+void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws, Stream stream);
+
 // Whether a varlen / KV-cache call on CUDA tensors checks its device metadata first: options.validate_device_metadata,
 // or FA4_VALIDATE=1 in the environment (read at each such call).
 bool validate_device_metadata(const Options& options);

@@ -212,13 +212,7 @@ void forward_varlen_device(const Tensor& q, const Tensor& k, const Tensor& v, co
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   if (lse) check_lse(call, *lse, q);
   // The outputs may not overlap the inputs or themselves (the CPU path checks each sequence's views likewise).
-  detail::check_no_self_overlap(call, "out", out);
-  for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}}) detail::check_disjoint(call, "out", out, name, *t);
-  if (lse) {
-    detail::check_no_self_overlap(call, "lse", *lse);
-    for (auto [name, t] : {std::pair{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}})
-      detail::check_disjoint(call, "lse", *lse, name, *t);
-  }
+  detail::check_outputs_apart(call, q, k, v, out, lse);
 #if defined(FA4_WITH_SM90)
   if (detail::validate_device_metadata(options)) {  // every entry checked on a host copy, as the CPU path does
     const std::vector<int32_t> cu_q = sm90::read_device_ints(call, "varlen.cu_seqlens_q", vl.cu_seqlens_q, vl.batch + 1,

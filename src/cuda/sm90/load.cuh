@@ -35,15 +35,18 @@ namespace fa4::sm90 {
 // The page of each kv_box_rows box of K/V tile n_block that holds keys of the tile's sequence, read together (one
 // memory latency, not one per box). Nothing for a contiguous cache or a packed batch.
 template <int BlockN>
+__device__ __forceinline__ void read_tile_pages(const FwdParams& p, int32_t batch, int32_t key0, int32_t valid,
+                                                int32_t (&page)[BlockN / 16]) {
+#pragma unroll
+  for (int i = 0; i < BlockN / 16; ++i)
+    if (i * p.kv_box_rows < BlockN && i * p.kv_box_rows < valid)
+      page[i] = p.page_table[int64_t(batch) * p.page_table_stride + (key0 + i * p.kv_box_rows) / p.page_size];
+}
+template <int BlockN>
 struct TilePages {
   int32_t page[BlockN / 16];
   __device__ __forceinline__ void read(const FwdParams& p, const SeqGeometry& geo, int32_t batch, int32_t n_block) {
-    if (p.page_table == nullptr) return;
-    const int32_t key0 = n_block * BlockN;
-#pragma unroll
-    for (int i = 0; i < BlockN / 16; ++i)
-      if (i * p.kv_box_rows < BlockN && i * p.kv_box_rows < geo.seqlen_k - key0)
-        page[i] = p.page_table[int64_t(batch) * p.page_table_stride + (key0 + i * p.kv_box_rows) / p.page_size];
+    if (p.page_table != nullptr) read_tile_pages<BlockN>(p, batch, n_block * BlockN, geo.seqlen_k - n_block * BlockN, page);
   }
 };
 
@@ -67,12 +70,7 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
   };
   // The pages of the boxes that hold keys, read together (one memory latency, not one per box), unless given.
   int32_t own[kMaxBoxes];
-  if (paged && pages_read == nullptr) {
-#pragma unroll
-    for (int i = 0; i < kMaxBoxes; ++i)
-      if (i * box_rows < BlockN && i * box_rows < valid)
-        own[i] = p.page_table[int64_t(batch) * p.page_table_stride + (key0 + i * box_rows) / p.page_size];
-  }
+  if (paged && pages_read == nullptr) read_tile_pages<BlockN>(p, batch, key0, valid, own);
   const int32_t* page = pages_read != nullptr ? pages_read->page : own;
   // Key `key` of the sequence (in a box that holds keys): its row and outer (batch or page) coordinates.
   auto at = [&](int box, int32_t key, auto&& load) {
