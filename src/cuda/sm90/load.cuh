@@ -25,12 +25,9 @@ namespace fa4::sm90 {
 // below 0: every element out of bounds, which TMA fills with zeros and still counts). With `tail` (V: map16 and
 // map1 given) the box that holds the sequence's last key goes in 16-row and 1-row boxes, so that its rows past
 // the end are zeros as well; K's loads whole. Either way the tile receives BlockN full rows (the ring's byte count).
-// A/B candidate (off by default, not yet measured): the producer reads a paged tile's page indices once, before
-// waiting for the tile's K stage, and hands them to both its K and V loads (else each load reads them itself,
-// after its stage is free).
-#ifndef FA4_AB_PAGE_PREFETCH
-#define FA4_AB_PAGE_PREFETCH 0
-#endif
+// The producer reads a paged tile's page indices once, before waiting for the tile's K stage, and hands them to
+// both its K and V loads: read after the stage is free, they put a dependent global load on the issue path of
+// every tile (paged decode b = 8 s_k = 16k: 80% -> 94% of copy bandwidth, perf-log F9).
 
 // The page of each kv_box_rows box of K/V tile n_block that holds keys of the tile's sequence, read together (one
 // memory latency, not one per box). Nothing for a contiguous cache or a packed batch.
@@ -150,11 +147,11 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     if (range.empty()) continue;  // the consumers write zeros without waiting for anything
     const int32_t kv_head = tile.head / p.group;
     // One K or V tile into its ring (K and V rings step together, on kv_stage).
-    TilePages<Config::kBlockN> pages;  // FA4_AB_PAGE_PREFETCH: the current K/V tile's pages
+    TilePages<Config::kBlockN> pages;  // the current K/V tile's pages (paged caches)
     auto load_kv = [&](const Ring& ring, uint8_t (&tiles)[Config::kStages][Config::kKvTileBytes],
                        const CUtensorMap* map, const CUtensorMap* map16, const CUtensorMap* map1, int32_t head_step,
                        int32_t batch_step, int32_t n_block) {
-      if constexpr (Varlen && FA4_AB_PAGE_PREFETCH)
+      if constexpr (Varlen)
         if (map16 == nullptr) pages.read(p, geo, tile.batch, n_block);  // K's load comes first: read for both
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       ring.producer_acquire(kv_stage);
@@ -164,7 +161,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
         load_kv_tile_in_sequence<HeadDim, Config::kBlockN>(tiles[kv_stage.index], p, geo, map, map16, map1,
                                                            kv_head * head_step, tile.batch, tile.batch * batch_step,
                                                            n_block, ring.full_barrier(kv_stage),
-                                                           FA4_AB_PAGE_PREFETCH ? &pages : nullptr);
+                                                           &pages);
       } else {
         (void)map16, (void)map1;
         load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
