@@ -385,12 +385,11 @@ def _int32_metadata(call, name, t, q, rank, rows):
                                    f"(batch = {rows}) on {q.device}, got {got}")
 
 
-@torch.library.custom_op("fa4::forward_kvcache", mutates_args=("k_cache", "v_cache"), device_types=("cpu", "cuda"))
-def forward_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: Optional[torch.Tensor],
-                       v_new: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
-                       page_table: Optional[torch.Tensor], learnable_sink: Optional[torch.Tensor],
-                       softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                       softcap: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: Optional[torch.Tensor],
+                     v_new: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
+                     page_table: Optional[torch.Tensor], learnable_sink: Optional[torch.Tensor],
+                     softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+                     softcap: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32. With k_new and v_new,
     writes them into k_cache and v_cache (in place) first."""
     call = "fa4.flash_attn_with_kvcache"
@@ -419,6 +418,10 @@ def forward_kvcache_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     return out, lse
 
 
+forward_kvcache_op = torch.library.custom_op("fa4::forward_kvcache", mutates_args=("k_cache", "v_cache"),
+                                             device_types=("cpu", "cuda"))(_forward_kvcache)
+
+
 @forward_kvcache_op.register_fake
 def _forward_kvcache_fake(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, learnable_sink, softmax_scale,
                           causal, window_left, window_right, softcap, num_splits):
@@ -440,8 +443,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     seqlen_new keys (cache_seqlens itself is not advanced: the caller does that). causal is bottom-right over the
     sequence's keys (a decode query sees every cached key); window_size, softcap, softmax_scale, learnable_sink as
     flash_attn_func's; num_splits: split-KV ranges (0: the backend's choice). Returns out, or (out, lse) with
-    return_softmax_lse=True (lse float32 [batch, heads, seqlen_q]). CPU tensors in this version (CUDA raises
-    fa4.UnsupportedError)."""
+    return_softmax_lse=True (lse float32 [batch, heads, seqlen_q]). CPU and CUDA tensors (on CUDA the append and
+    the attention run on the current stream, CUDA-graph capturable)."""
     call = "fa4.flash_attn_with_kvcache"
     _check_tensors(call, (q, k_cache, v_cache), 4, "[batch, seqlen, heads, head_dim] or [pages, page_size, heads, "
                                                    "head_dim]")
@@ -463,7 +466,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         cache_seqlens = torch.full((q.shape[0],), _int(call, "cache_seqlens", cache_seqlens), dtype=torch.int32,
                                    device=q.device)
     window_left, window_right = _capi.window_bounds(call, window_size)
-    out, lse = forward_kvcache_op(q, k_cache, v_cache, k, v, cache_seqlens, page_table, learnable_sink,
-                                  None if softmax_scale is None else float(softmax_scale), bool(causal), window_left,
-                                  window_right, float(softcap), _int(call, "num_splits", num_splits))
+    args = (q, k_cache, v_cache, k, v, cache_seqlens, page_table, learnable_sink,
+            None if softmax_scale is None else float(softmax_scale), bool(causal), window_left, window_right,
+            float(softcap), _int(call, "num_splits", num_splits))
+    if _plain_call((q, k_cache, v_cache, k, v, cache_seqlens, page_table, learnable_sink)):
+        # The op's dispatch (its in-place bookkeeping included) costs more host time than the call itself: the
+        # caches' version counters are bumped here instead, as the op would after writing them.
+        out, lse = _forward_kvcache(*args)
+        if k is not None:
+            torch.autograd.graph.increment_version((k_cache, v_cache))
+    else:
+        out, lse = forward_kvcache_op(*args)
     return (out, lse) if return_softmax_lse else out

@@ -70,6 +70,31 @@ def test_paged_append_matches_the_oracle(page_size, opts):
             assert torch.equal(k_cache[page, row], keys[b][j]) and torch.equal(v_cache[page, row], values[b][j])
 
 
+def test_eager_call_skips_the_op_and_still_bumps_the_caches_versions():
+    """A plain eager call runs the op's body directly (host cost): the caches it appends to get their version
+    counters bumped as the op's in-place bookkeeping would (autograd's saved-tensor checks rely on them), and a
+    call without an append leaves them alone. Under torch.compile the op itself runs: same result."""
+    g = torch.Generator().manual_seed(7)
+    cached, seqlen_new, page_size = [5, 17], 1, 16
+    k_cache, v_cache, page_table, keys, values = paged_cache(g, cached, seqlen_new, page_size, 1, 16, torch.float32)
+    q = torch.randn(2, 1, 2, 16, generator=g)
+    k_new = torch.stack([k[c:] for k, c in zip(keys, cached)])
+    v_new = torch.stack([v[c:] for v, c in zip(values, cached)])
+    seqlens = torch.tensor(cached, dtype=torch.int32)
+    versions = (k_cache._version, v_cache._version)
+    with torch.no_grad():
+        out = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=seqlens,
+                                          page_table=page_table)
+        assert k_cache._version > versions[0] and v_cache._version > versions[1]
+        versions = (k_cache._version, v_cache._version)
+        again = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens + 1, page_table=page_table)
+        assert (k_cache._version, v_cache._version) == versions
+        compiled = torch.compile(lambda *a: fa4.flash_attn_with_kvcache(*a, cache_seqlens=seqlens + 1,
+                                                                        page_table=page_table), fullgraph=True)
+        assert torch.equal(compiled(q, k_cache, v_cache), again)
+    assert torch.allclose(out, again)
+
+
 def test_contiguous_cache_and_block_table_alias():
     g = torch.Generator().manual_seed(1)
     batch, capacity, heads, heads_kv, dim = 3, 40, 2, 1, 16
