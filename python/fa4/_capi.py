@@ -327,7 +327,25 @@ def supports_kvcache(q, k_cache, v_cache, kvcache, options):
     return status, reason.value.decode(errors="replace")
 
 
+_WORKSPACE_CACHE = {}  # (pass, descriptors without their data pointers, options bytes) -> bytes
+
+
 def workspace_size(pass_, q, k, v, options):
+    """The workspace bytes the pass asks for. The library's answer is a function of the pass, the tensors' dtype,
+    device, shape and strides and the options (never of the data pointers, which the packed descriptors carry
+    in their first 8 bytes), so it is remembered per such key: a ctypes round trip was a quarter of the Python
+    side of a decode call (issue 12's host cost)."""
+    key = (pass_, q[8:], k[8:], v[8:], bytes(options))
+    size = _WORKSPACE_CACHE.get(key)
+    if size is None:
+        size = _workspace_size(pass_, q, k, v, options)
+        if len(_WORKSPACE_CACHE) >= 1024:
+            _WORKSPACE_CACHE.clear()
+        _WORKSPACE_CACHE[key] = size
+    return size
+
+
+def _workspace_size(pass_, q, k, v, options):
     lib = library()
     size = ctypes.c_size_t(0)
     lib.check(lib.fa4_workspace_size(pass_, q, k, v,
