@@ -86,6 +86,10 @@ TEST(Cli, RunHostCostSaysWhatItMeasures) {
   const Result r = fa4("run -s 64 --heads 2 --iters 1 --host-cost 20");
   EXPECT_EQ(r.code, 0) << r.output;
   EXPECT_TRUE(has(r, "host      forward") || has(r, "host      not measured: on the CPU backend")) << r.output;
+  // The KV-cache call too (it was accepted and ignored there).
+  const Result kv = fa4("run --kvcache 3,40 --page-size 16 --heads 4 --heads-kv 2 -d 64 --iters 1 --host-cost 10");
+  EXPECT_EQ(kv.code, 0) << kv.output;
+  EXPECT_TRUE(has(kv, "host      forward_kvcache") || has(kv, "host      not measured: on the CPU backend")) << kv.output;
 }
 
 TEST(Cli, BadOptionValueExitsNonZeroNamingIt) {
