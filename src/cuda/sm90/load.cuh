@@ -29,6 +29,10 @@ namespace fa4::sm90 {
 // both its K and V loads: read after the stage is free, they put a dependent global load on the issue path of
 // every tile (paged decode b = 8 s_k = 16k: 80% -> 94% of copy bandwidth, perf-log F9).
 
+#ifndef FA4_AB_K_AHEAD
+#define FA4_AB_K_AHEAD 0
+#endif
+
 // The page of each kv_box_rows box of K/V tile n_block that holds keys of the tile's sequence, read together (one
 // memory latency, not one per box). Nothing for a contiguous cache or a packed batch.
 template <int BlockN>
@@ -150,46 +154,68 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     TilePages<Config::kBlockN> pages;  // the current K/V tile's pages (paged caches)
     auto load_kv = [&](const Ring& ring, uint8_t (&tiles)[Config::kStages][Config::kKvTileBytes],
                        const CUtensorMap* map, const CUtensorMap* map16, const CUtensorMap* map1, int32_t head_step,
-                       int32_t batch_step, int32_t n_block) {
+                       int32_t batch_step, int32_t n_block, decltype(kv_stage) stage) {
       if constexpr (Varlen)
         if (map16 == nullptr) pages.read(p, geo, tile.batch, n_block);  // K's load comes first: read for both
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
-      ring.producer_acquire(kv_stage);
+      ring.producer_acquire(stage);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
-      ring.producer_expect_tx(kv_stage, Config::kKvTileBytes);
+      ring.producer_expect_tx(stage, Config::kKvTileBytes);
       if constexpr (Varlen) {
-        load_kv_tile_in_sequence<HeadDim, Config::kBlockN>(tiles[kv_stage.index], p, geo, map, map16, map1,
+        load_kv_tile_in_sequence<HeadDim, Config::kBlockN>(tiles[stage.index], p, geo, map, map16, map1,
                                                            kv_head * head_step, tile.batch, tile.batch * batch_step,
-                                                           n_block, ring.full_barrier(kv_stage),
+                                                           n_block, ring.full_barrier(stage),
                                                            &pages);
       } else {
         (void)map16, (void)map1;
-        load_tile<HeadDim, Config::kBlockN>(tiles[kv_stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
-                                            tile.batch * batch_step, ring.full_barrier(kv_stage));
+        load_tile<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
+                                            tile.batch * batch_step, ring.full_barrier(stage));
       }
     };
-    auto load_k = [&](int32_t n_block) {
-      load_kv(k_ring, smem.k, &p.k_map, nullptr, nullptr, p.k_head_step, p.k_batch_step, n_block);
+    auto load_k = [&](int32_t n_block, decltype(kv_stage) stage) {
+      load_kv(k_ring, smem.k, &p.k_map, nullptr, nullptr, p.k_head_step, p.k_batch_step, n_block, stage);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
     };
-    auto load_v = [&](int32_t n_block) {
-      load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block);
+    auto load_v = [&](int32_t n_block, decltype(kv_stage) stage) {
+      load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block, stage);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::v);
     };
+    // A/B candidate (FA4_AB_K_AHEAD, off by default; dense instances only, the paged loads share one tile's pages
+    // between its K and V): K(n + 1) issued before V(n), V's ring one step behind K's (FA3's and FA4's order), so
+    // S = Q·K(n + 1) can start while V(n) is still in flight. Flat in F1 (one rep, before the interior body).
+    constexpr bool kKAhead = FA4_AB_K_AHEAD && !Varlen;
+    static_assert(!kKAhead || Config::kStages >= 2, "K(n + 1) needs a free K stage while V(n) still holds one");
+    auto load_q = [&] {
+      q_ring.producer_acquire(q_stage);
+      q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
+      load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
+                                          tile.head * p.q_head_step, tile.batch * p.q_batch_step,
+                                          q_ring.full_barrier(q_stage));
+      FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
+      ++q_stage;
+    };
+    if constexpr (kKAhead) {
+      auto v_stage = kv_stage;  // the rings step alike over a tile: both states end equal
+      load_k(range.begin, kv_stage);
+      ++kv_stage;
+      load_q();
+      for (int32_t n_block = range.begin; n_block < range.end; ++n_block, ++v_stage) {
+        if (n_block + 1 < range.end) {
+          load_k(n_block + 1, kv_stage);
+          ++kv_stage;
+        }
+        load_v(n_block, v_stage);
+      }
+      continue;
+    }
 
-    load_k(range.begin);
-    q_ring.producer_acquire(q_stage);
-    q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
-    load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
-                                        tile.head * p.q_head_step, tile.batch * p.q_batch_step,
-                                        q_ring.full_barrier(q_stage));
-    FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
-    ++q_stage;
-    load_v(range.begin);
+    load_k(range.begin, kv_stage);
+    load_q();
+    load_v(range.begin, kv_stage);
     ++kv_stage;
     for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block, ++kv_stage) {
-      load_k(n_block);
-      load_v(n_block);
+      load_k(n_block, kv_stage);
+      load_v(n_block, kv_stage);
     }
   }
 }
