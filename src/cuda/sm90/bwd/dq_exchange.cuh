@@ -3,8 +3,10 @@
 // worth of atomics per pair and tile reaches L2. Three adder warps run it: the dQ writer warp (adder 0: takes the
 // staged slabs, issues every bulk operation) and the producer warpgroup's otherwise idle warps 2 and 3 (adders
 // 1, 2: their share of the adds). Per tile:
-//   the writer pushes the peer's half of each slab into the peer's dq_incoming as soon as it is staged (bulk
-//     copy, completing the peer's dq_incoming_full), then the adders meet (dq_adders barrier);
+//   every adder takes each staged slab on its dq_full barrier (dq_reduce.cuh: so every adder's reads are ordered
+//     after the consumers' writes by a barrier it passed itself); the writer pushes the peer's half of each
+//     slab into the peer's dq_incoming as soon as it is staged (bulk copy, completing the peer's
+//     dq_incoming_full);
 //   per slab: all wait for the half the peer pushed, add it into this CTA's half, meet again; the writer tells
 //     the peer (dq_pushed_consumed: that incoming buffer is read, and with it the peer's pushed half) and
 //     reduce-adds the summed half;
@@ -22,15 +24,13 @@
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/named_barrier.cuh"
 #include "cuda/ptx/tma.cuh"
+#include "cuda/sm90/bwd/dq_reduce.cuh"
 #include "cuda/sm90/bwd/params.hpp"
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
 #include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
-
-inline constexpr int kDqAdderWarps = 3;  // the dQ writer warp and the producer warpgroup's warps 2 and 3
-inline constexpr uint32_t kDqAdderThreads = 32 * kDqAdderWarps;
 
 // Every lane of the warp arrives on warpgroup c's dq_empty after its own reads of the staging buffer (the
 // barrier counts 32, or kDqAdderThreads with the exchange).
@@ -51,24 +51,25 @@ class DqPairExchange {
   __device__ DqPairExchange(BwdSharedStorage<Row>& smem, uint32_t rank, int adder, bool leader)
       : smem_(smem), rank_(rank), peer_(rank ^ 1u), adder_(adder), issuer_(adder == 0 && leader) {}
 
-  // One query tile. take_slab(c) (the writer's) waits until warpgroup c's slab is staged; slab_of(c) (the
-  // writer's) is the workspace unit of warpgroup c's slab, whose half `rank` this CTA adds.
-  template <class TakeSlab, class SlabOf>
-  __device__ void tile(cuda::PipelineState<1> phase, TakeSlab&& take_slab, SlabOf&& slab_of,
-                       trace::Recorder& rec, int32_t m_block) const {
-    if (adder_ == 0) {
+  // One query tile. slab_of(c) (the writer's) is the workspace unit of warpgroup c's slab, whose half `rank`
+  // this CTA adds.
+  template <class SlabOf>
+  __device__ void tile(cuda::PipelineState<1> phase, SlabOf&& slab_of, trace::Recorder& rec, int32_t m_block) const {
 #pragma unroll 1
-      for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
-        take_slab(c);
-        if (issuer_) {
-          ptx::mbarrier_arrive_expect_tx(&smem_.scratch.dq_incoming_full[c], Config::kDqHalfBytes);
-          ptx::bulk_copy_to_peer(ptx::peer_shared(smem_.scratch.dq_incoming[c], peer_),
-                                 smem_.scratch.dq_staging[c] + peer_ * kHalfFloats, Config::kDqHalfBytes,
-                                 ptx::peer_shared(&smem_.scratch.dq_incoming_full[c], peer_));
-        }
+    for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
+      // The three adders take the slab from two call sites (the writer's and the helpers' instances of this
+      // function): the non-aligned barrier.sync, after the warp has reconverged.
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
+      __syncwarp();
+      ptx::named_barrier_sync_any_site(dq_full_barrier(c, 0), kWarpgroupThreads + kDqAdderThreads);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
+      if (issuer_) {
+        ptx::mbarrier_arrive_expect_tx(&smem_.scratch.dq_incoming_full[c], Config::kDqHalfBytes);
+        ptx::bulk_copy_to_peer(ptx::peer_shared(smem_.scratch.dq_incoming[c], peer_),
+                               smem_.scratch.dq_staging[c] + peer_ * kHalfFloats, Config::kDqHalfBytes,
+                               ptx::peer_shared(&smem_.scratch.dq_incoming_full[c], peer_));
       }
     }
-    meet();  // the slabs are staged (the writer took them): the helpers may read them
     // 512 float4 per half over 96 threads: the first 32 indices take one vector more. The helpers take those
     // (the writer warp comes last), since the writer also issues every bulk operation.
     const uint32_t thread = uint32_t((adder_ + kDqAdderWarps - 1) % kDqAdderWarps) * 32 + threadIdx.x % 32;
@@ -125,11 +126,10 @@ __device__ __forceinline__ void bwd_dq_adder_role(const BwdParams& p, BwdSharedS
   trace::Recorder rec(FA4_TRACE_SINK(p), 0, false);  // helpers record nothing
   const DqPairExchange<Row> exchange(smem, ptx::cluster_ctarank(), adder, false);
   auto phase = cuda::consumer_start_state<1>();
-  auto no_slab = [](int) {};
   auto no_unit = [](int) { return static_cast<float*>(nullptr); };
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h)
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block, ++phase)
-      exchange.tile(phase, no_slab, no_unit, rec, m_block);
+      exchange.tile(phase, no_unit, rec, m_block);
 }
 
 }  // namespace fa4::sm90

@@ -22,6 +22,12 @@
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
 
+// A/B candidate (off by default): deterministic column-split rows publish a tile's adds with one fence of
+// thread 0 after the warpgroup barrier instead of a fence per thread (perf-log B13).
+#ifndef FA4_AB_DET_RELEASE
+#define FA4_AB_DET_RELEASE 0
+#endif
+
 namespace fa4::sm90 {
 
 // Spins until the counter reaches `turn` (acquire); traps after FA4_MBARRIER_TIMEOUT_NS like the mbarrier
@@ -63,10 +69,24 @@ __device__ __forceinline__ uint32_t dq_full_barrier(int consumer, int writer) {
 // The dQ writer warps of a launch (key-split rows): the tiles of the walk go to them in turn.
 __device__ __forceinline__ int dq_writers(const BwdParams& p) { return p.deterministic ? kBwdMaxDqWriters : 1; }
 
+// The CTA pair's dQ exchange (dq_exchange.cuh) runs on three adder warps: the dQ writer warp and the producer
+// warpgroup's warps 2 and 3. Every adder takes a staged slab on its dq_full barrier itself, so each one's reads
+// of the buffer are ordered after the consumers' writes by a barrier it passed (compute-sanitizer's racecheck
+// does not follow the order through a second barrier, perf-log B10/B11).
+inline constexpr int kDqAdderWarps = 3;
+inline constexpr uint32_t kDqAdderThreads = 32 * kDqAdderWarps;
+__device__ __forceinline__ bool dq_exchanged(const BwdParams& p) { return p.cluster_pair && p.pair_dq_exchange; }
+
+// Threads on a dq_full barrier: the consumer warpgroup and the warps that take its slab.
+__device__ __forceinline__ uint32_t dq_handoff_threads(const BwdParams& p) {
+  return kWarpgroupThreads + (dq_exchanged(p) ? kDqAdderThreads : 32u);
+}
+
 // Consumer side of a key-split warpgroup's dQ: its fp32 slab of the tile goes to its staging buffer in the
 // accumulator order (float4 per register group and thread: contiguous, conflict-free), and the dQ writer warp
 // (dq_writer.cuh) adds it to the workspace. dq_full (a named barrier of the warpgroup's 128 threads and the
-// writer's 32; one per writer, the slabs going to the writers in turn) hands the buffer over, dq_empty (an
+// writer's 32, or the pair's three adder warps; one per writer, the slabs going to the writers in turn) hands
+// the buffer over, dq_empty (an
 // mbarrier of the writer's 32 lanes, each arriving after its own reads: the CTA pair's writer reads the buffer
 // with ordinary loads) hands it back, so the warpgroup waits
 // only when the writer still holds the previous slab: in deterministic mode the wait for a turn overlaps a
@@ -75,7 +95,6 @@ template <int Row>
 class DqStager {
  public:
   using Config = BwdConfig<Row>;
-  static constexpr uint32_t kHandoffThreads = kWarpgroupThreads + 32;
   __device__ DqStager(BwdSharedStorage<Row>& smem, int consumer)
       : staging_(smem.scratch.dq_staging[consumer]),
         empty_(&smem.scratch.dq_empty[consumer]),
@@ -91,7 +110,8 @@ class DqStager {
       *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
           make_float4(dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
     ptx::fence_proxy_async_shared_cta();  // the writes, before the writer's bulk reduce (async proxy) reads them
-    ptx::named_barrier_arrive(full_, kHandoffThreads);
+    // The count is read from the kernel parameters (constant bank) where it is used.
+    ptx::named_barrier_arrive(full_, dq_handoff_threads(p));
     // The other writer's barrier, one bit away (the flag is a kernel parameter: no register held for it).
     static_assert(kBwdMaxDqWriters == 2 && (kBwdMaxConsumerWarpgroups & (kBwdMaxConsumerWarpgroups - 1)) == 0 &&
                       static_cast<uint32_t>(BwdBarrier::first_dq_full) % (2 * kBwdMaxConsumerWarpgroups) == 0,
@@ -145,9 +165,20 @@ class DqRegisterAdder {
     if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block));
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
     add_all(units, dq);
+#if FA4_AB_DET_RELEASE
+    // One release for the warpgroup (CUTLASS's semaphore pattern): the barrier orders every thread's adds before
+    // thread 0's fence.acq_rel.gpu, which is cumulative, so the relaxed increment after it publishes them all.
+    // The other 127 threads fence nothing and go on to the next tile.
+    ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
+    if (thread == 0) {
+      ::cuda::atomic_thread_fence(::cuda::memory_order_acq_rel, ::cuda::thread_scope_device);
+      counter.fetch_add(1, ::cuda::memory_order_relaxed);
+    }
+#else
     __threadfence();
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
     if (thread == 0) counter.fetch_add(1, ::cuda::memory_order_release);
+#endif
   }
 
  private:

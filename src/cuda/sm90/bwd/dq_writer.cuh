@@ -35,7 +35,8 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
                                                    const BwdWork& work, int writer) {
   using Config = BwdConfig<Row>;
   static_assert(!Config::kColumnSplit, "column-split rows add dQ from registers");
-  constexpr uint32_t kHandoffThreads = DqStager<Row>::kHandoffThreads;
+  // The slabs this warp takes alone (the pair's exchange takes them with its helpers: DqPairExchange::tile).
+  constexpr uint32_t kHandoffThreads = kWarpgroupThreads + 32;
   if (work.empty()) return;
   const bool leader = ptx::elect_one_sync();
   trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceDqWriter, leader && writer == 0);  // writer 0's events only
@@ -54,7 +55,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   auto hand_back = [&](int c) { dq_hand_back(smem, c); };
   // The CTA pair's dQ exchange (dq_exchange.cuh): this warp takes the slabs and issues every bulk operation;
   // the producer warpgroup's idle warps help with the adds (bwd_dq_adder_role).
-  const bool exchange_dq = p.cluster_pair && p.pair_dq_exchange;
+  const bool exchange_dq = dq_exchanged(p);
   const DqPairExchange<Row> pair_exchange(smem, exchange_dq ? ptx::cluster_ctarank() : 0u, 0, leader);
   auto exchange = cuda::consumer_start_state<1>();  // one phase of each exchange barrier per query tile
   const int writers = dq_writers(p);
@@ -66,7 +67,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       turn_of_writer = turn_of_writer + 1 == writers ? 0 : turn_of_writer + 1;
       if (!mine) continue;
       if (exchange_dq) {
-        pair_exchange.tile(exchange, take_slab, [&](int c) { return slab_of(pair, m_block, c); }, rec, m_block);
+        pair_exchange.tile(exchange, [&](int c) { return slab_of(pair, m_block, c); }, rec, m_block);
         ++exchange;
         continue;
       }
