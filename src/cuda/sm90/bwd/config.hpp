@@ -109,7 +109,11 @@ enum class BwdBarrier : uint32_t {
   // (the hand-back is an mbarrier: DqStaging::dq_empty)
   first_dq_full = first_warpgroup + kBwdMaxConsumerWarpgroups,
   dq_adders = first_dq_full + kBwdMaxDqWriters * kBwdMaxConsumerWarpgroups,  // the CTA pair's three dQ adder warps
-  end,
+  // Deterministic column-split rows with turn helpers (dq_reduce.cuh): consumer c's turn is granted by its
+  // helper warp (first_turn_granted + c), and its adds are issued for the helper to publish (first_adds_issued + c).
+  first_turn_granted = dq_adders + 1,
+  first_adds_issued = first_turn_granted + kBwdMaxConsumerWarpgroups,
+  end = first_adds_issued + kBwdMaxConsumerWarpgroups,
 };
 static_assert(static_cast<uint32_t>(BwdBarrier::end) <= 16, "a CTA has 16 named barriers");
 

@@ -22,10 +22,10 @@
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
 
-// A/B candidate (off by default): deterministic column-split rows publish a tile's adds with one fence of
-// thread 0 after the warpgroup barrier instead of a fence per thread (perf-log B13).
-#ifndef FA4_AB_DET_RELEASE
-#define FA4_AB_DET_RELEASE 0
+// A/B candidate (off by default): deterministic column-split rows hand the turn wait and the publication of
+// their adds (fence, increment) to helper warps, so the consumers only issue their reds (perf-log B13).
+#ifndef FA4_AB_DET_HELPER
+#define FA4_AB_DET_HELPER 0
 #endif
 
 namespace fa4::sm90 {
@@ -141,6 +141,48 @@ class DqStager {
 // bytes per warp instruction (the workspace units are in accumulator order). No staging buffer, so the Q/dO
 // ring keeps two stages at d = 256. Deterministic mode: thread 0 waits for the turn, the warpgroup adds, every
 // thread fences its adds, and after the warpgroup barrier thread 0 passes the turn on (release).
+// Deterministic column-split rows with FA4_AB_DET_HELPER: one helper warp per consumer warpgroup (producer
+// warps kTurnHelperWarp + c) runs the turn protocol beside the warpgroup's walk.
+inline constexpr bool kTurnHelpers = FA4_AB_DET_HELPER;
+inline constexpr int kTurnHelperWarp = 2;
+static_assert(kTurnHelperWarp + kBwdMaxConsumerWarpgroups <= 4, "the turn helpers are warps of the producer warpgroup");
+__device__ __forceinline__ uint32_t turn_granted_barrier(int consumer) {
+  return static_cast<uint32_t>(BwdBarrier::first_turn_granted) + uint32_t(consumer);
+}
+__device__ __forceinline__ uint32_t adds_issued_barrier(int consumer) {
+  return static_cast<uint32_t>(BwdBarrier::first_adds_issued) + uint32_t(consumer);
+}
+
+// The turn helper of consumer warpgroup `consumer`, per query tile of the walk: lane 0 waits until the tile's
+// counter reaches this key block's turn (acquire), the warp grants it (turn_granted, with the warpgroup's 128
+// threads), waits until the warpgroup has issued its reds (adds_issued), and lane 0 publishes them: one
+// fence.acq_rel.gpu, cumulative over the barrier (CUTLASS's semaphore pattern), then a relaxed increment. The
+// fence waits for the reds to be performed at L2 (~1-2 µs under the backward's load, the 2026-12-05 trace) on
+// this warp, while the warpgroup computes the next tile.
+template <int Row>
+__device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, const BwdWork& work, int consumer) {
+  using Config = BwdConfig<Row>;
+  static_assert(Config::kColumnSplit, "key-split rows pass turns in their dQ writer warps");
+  if (work.empty() || !p.deterministic) return;
+  const bool lane0 = threadIdx.x % 32 == 0;
+  for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
+    const int64_t pair = int64_t(work.batch) * p.heads_q + h;
+    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+      ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
+          dq_turn_counter<Config>(p, pair, m_block, consumer));
+      if (lane0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work.n_block, m_block));
+      __syncwarp();
+      ptx::named_barrier_arrive(turn_granted_barrier(consumer), kWarpgroupThreads + 32);
+      ptx::named_barrier_sync(adds_issued_barrier(consumer), kWarpgroupThreads + 32);
+      if (lane0) {
+        ::cuda::atomic_thread_fence(::cuda::memory_order_acq_rel, ::cuda::thread_scope_device);
+        counter.fetch_add(1, ::cuda::memory_order_relaxed);
+      }
+      __syncwarp();
+    }
+  }
+}
+
 template <int Row>
 class DqRegisterAdder {
  public:
@@ -160,25 +202,22 @@ class DqRegisterAdder {
       add_all(units, dq);
       return;
     }
+    if constexpr (kTurnHelpers) {
+      // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
+      // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
+      ptx::named_barrier_sync(turn_granted_barrier(consumer_), kWarpgroupThreads + 32);
+      add_all(units, dq);
+      ptx::named_barrier_arrive(adds_issued_barrier(consumer_), kWarpgroupThreads + 32);
+      return;
+    }
     ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
         dq_turn_counter<Config>(p, pair, m_block, consumer_));
     if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block));
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
     add_all(units, dq);
-#if FA4_AB_DET_RELEASE
-    // One release for the warpgroup (CUTLASS's semaphore pattern): the barrier orders every thread's adds before
-    // thread 0's fence.acq_rel.gpu, which is cumulative, so the relaxed increment after it publishes them all.
-    // The other 127 threads fence nothing and go on to the next tile.
-    ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
-    if (thread == 0) {
-      ::cuda::atomic_thread_fence(::cuda::memory_order_acq_rel, ::cuda::thread_scope_device);
-      counter.fetch_add(1, ::cuda::memory_order_relaxed);
-    }
-#else
     __threadfence();
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
     if (thread == 0) counter.fetch_add(1, ::cuda::memory_order_release);
-#endif
   }
 
  private:
