@@ -207,6 +207,12 @@ class Gpu:
                 dcfg.recompile_limit = max(getattr(dcfg, "recompile_limit", 8), 256)
                 dcfg.accumulated_recompile_limit = max(getattr(dcfg, "accumulated_recompile_limit", 256), 1024)
                 dcfg.fail_on_recompile_limit_hit = True
+                # Every backward here replays one retained graph (retain_graph=True, as for the other impls);
+                # compiled backwards with donated buffers refuse that ("non-empty donated buffers", which left
+                # flex's bwd rows empty through 2026-12-05). Donation only lets the backward reuse saved tensors'
+                # memory; the kernels are the same.
+                import torch._functorch.config as fcfg
+                fcfg.donated_buffer = False
                 self._flex = self.torch.compile(flex_attention, dynamic=False)
             except Exception as e:  # noqa: BLE001
                 self._flex_error = short(e)
