@@ -22,12 +22,6 @@
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
 
-// A/B candidate (off by default): deterministic column-split rows hand the turn wait and the publication of
-// their adds (fence, increment) to helper warps, so the consumers only issue their reds (perf-log B13).
-#ifndef FA4_AB_DET_HELPER
-#define FA4_AB_DET_HELPER 0
-#endif
-
 namespace fa4::sm90 {
 
 // Spins until the counter reaches `turn` (acquire); traps after FA4_MBARRIER_TIMEOUT_NS like the mbarrier
@@ -141,9 +135,8 @@ class DqStager {
 // bytes per warp instruction (the workspace units are in accumulator order). No staging buffer, so the Q/dO
 // ring keeps two stages at d = 256. Deterministic mode: thread 0 waits for the turn, the warpgroup adds, every
 // thread fences its adds, and after the warpgroup barrier thread 0 passes the turn on (release).
-// Deterministic column-split rows with FA4_AB_DET_HELPER: one helper warp per consumer warpgroup (producer
-// warps kTurnHelperWarp + c) runs the turn protocol beside the warpgroup's walk.
-inline constexpr bool kTurnHelpers = FA4_AB_DET_HELPER;
+// Deterministic column-split rows with p.det_turn_helpers (the A/B candidate FA4_BWD_DET_HELPER=1): one helper
+// warp per consumer warpgroup (producer warps kTurnHelperWarp + c) runs the turn protocol beside its walk.
 inline constexpr int kTurnHelperWarp = 2;
 static_assert(kTurnHelperWarp + kBwdMaxConsumerWarpgroups <= 4, "the turn helpers are warps of the producer warpgroup");
 __device__ __forceinline__ uint32_t turn_granted_barrier(int consumer) {
@@ -163,7 +156,7 @@ template <int Row>
 __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, const BwdWork& work, int consumer) {
   using Config = BwdConfig<Row>;
   static_assert(Config::kColumnSplit, "key-split rows pass turns in their dQ writer warps");
-  if (work.empty() || !p.deterministic) return;
+  if (work.empty() || !p.deterministic || !p.det_turn_helpers) return;
   const bool lane0 = threadIdx.x % 32 == 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
@@ -202,7 +195,7 @@ class DqRegisterAdder {
       add_all(units, dq);
       return;
     }
-    if constexpr (kTurnHelpers) {
+    if (p.det_turn_helpers) {
       // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
       // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
       ptx::named_barrier_sync(turn_granted_barrier(consumer_), kWarpgroupThreads + 32);

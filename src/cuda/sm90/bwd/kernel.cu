@@ -24,7 +24,7 @@ namespace {
 
 // Warpgroup 0 produces (its warp 0 issues every load, its warp 1 adds the staged dQ slabs of key-split rows, its
 // warps 2 and 3 help with the CTA pair's dQ exchange, or pass the deterministic turns of column-split rows
-// (FA4_AB_DET_HELPER), or idle; it gives registers back); warpgroups 1 .. block_n/64 each own 64 keys (column-split
+// (FA4_BWD_DET_HELPER), or idle; it gives registers back); warpgroups 1 .. block_n/64 each own 64 keys (column-split
 // rows: warpgroups 1 and 2 share them).
 enum class BwdRole { load, mma_epilogue };
 // Warps of the producer warpgroup: the load warp, the dQ writers (kDqWriterWarp + w), the pair's adders.
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
       if (warp >= kDqWriterWarp && warp < kDqWriterWarp + dq_writers(p))
         bwd_dq_writer_role<Row>(p, smem, work, warp - kDqWriterWarp);
       if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, work, warp - kDqWriterWarp);
-    } else if constexpr (kTurnHelpers) {
+    } else {
       if (warp >= kTurnHelperWarp && warp < kTurnHelperWarp + Config::kConsumerWarpgroups)
         bwd_dq_turn_helper_role<Row>(p, work, warp - kTurnHelperWarp);
     }

@@ -55,6 +55,16 @@ PairMode pair_mode(const char* call, const BwdTile& tile, const detail::Problem&
                                             value + "'");
 }
 
+// A/B candidate (perf-log B13): FA4_BWD_DET_HELPER=1 gives deterministic column-split rows their turn-helper warps
+// (dq_reduce.cuh). Off unless set; any value but 0 or 1 is an error, not a silent default.
+bool det_turn_helpers(const char* call) {
+  const char* env = std::getenv("FA4_BWD_DET_HELPER");
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) == "1") return true;
+  throw Error(Status::invalid_argument,
+              std::string(call) + ": environment FA4_BWD_DET_HELPER: expected 0 or 1, got '" + env + "'");
+}
+
 BwdWorkspaceLayout layout_of(const detail::Problem& p) {
   return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q);
 }
@@ -147,6 +157,7 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     BwdParams params;
     params.cluster_pair = pair.pair;
     params.pair_dq_exchange = pair.dq_exchange;
+    params.det_turn_helpers = det_turn_helpers(call);
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
       const uint32_t box_rows = uint32_t(params.cluster_pair ? bwd_pair_box_rows(tile) : tile.block_m);
