@@ -130,11 +130,6 @@ class DqStager {
   bool first_ = true;
 };
 
-// dQ accumulation of a column-split warpgroup (its 64 queries × its head-dim chunks, straight from the
-// registers): every thread adds its accumulator's register groups with red.global.add.v4.f32, 512 contiguous
-// bytes per warp instruction (the workspace units are in accumulator order). No staging buffer, so the Q/dO
-// ring keeps two stages at d = 256. Deterministic mode: thread 0 waits for the turn, the warpgroup adds, every
-// thread fences its adds, and after the warpgroup barrier thread 0 passes the turn on (release).
 // Deterministic column-split rows with p.det_turn_helpers (the A/B candidate FA4_BWD_DET_HELPER=1): one helper
 // warp per consumer warpgroup (producer warps kTurnHelperWarp + c) runs the turn protocol beside its walk.
 inline constexpr int kTurnHelperWarp = 2;
@@ -156,7 +151,7 @@ template <int Row>
 __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, const BwdWork& work, int consumer) {
   using Config = BwdConfig<Row>;
   static_assert(Config::kColumnSplit, "key-split rows pass turns in their dQ writer warps");
-  if (work.empty() || !p.deterministic || !p.det_turn_helpers) return;
+  if (work.empty() || !p.det_turn_helpers) return;
   const bool lane0 = threadIdx.x % 32 == 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
@@ -176,6 +171,12 @@ __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, cons
   }
 }
 
+// dQ accumulation of a column-split warpgroup (its 64 queries × its head-dim chunks, straight from the
+// registers): every thread adds its accumulator's register groups with red.global.add.v4.f32, 512 contiguous
+// bytes per warp instruction (the workspace units are in accumulator order). No staging buffer, so the Q/dO
+// ring keeps two stages at d = 256. Deterministic mode: thread 0 waits for the turn, the warpgroup adds, every
+// thread fences its adds, and after the warpgroup barrier thread 0 passes the turn on (release).
+// With p.det_turn_helpers the turn wait and the publication are the helper warp's (above).
 template <int Row>
 class DqRegisterAdder {
  public:

@@ -157,7 +157,8 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     BwdParams params;
     params.cluster_pair = pair.pair;
     params.pair_dq_exchange = pair.dq_exchange;
-    params.det_turn_helpers = det_turn_helpers(call);
+    const bool helpers_asked = det_turn_helpers(call);  // read on every call: a bad value is refused anywhere
+    params.det_turn_helpers = helpers_asked && tile.column_split && p.deterministic;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
       const uint32_t box_rows = uint32_t(params.cluster_pair ? bwd_pair_box_rows(tile) : tile.block_m);

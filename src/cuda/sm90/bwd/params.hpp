@@ -54,8 +54,8 @@ struct BwdParams {
   num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
   float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)
   bool deterministic = false; // dQ slabs added in key-block order (ws.dq_turn), bitwise reproducible
-  // Deterministic column-split rows: helper warps pass the turns (dq_reduce.cuh; A/B candidate, off by default:
-  // FA4_BWD_DET_HELPER=1).
+  // Set only for deterministic column-split rows: helper warps pass the turns (dq_reduce.cuh; A/B candidate, off
+  // by default: FA4_BWD_DET_HELPER=1).
   bool det_turn_helpers = false;
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
