@@ -270,20 +270,21 @@ TEST(GpuBackwardSm90, LongSequence) {
 }
 
 // Sets FA4_BWD_CLUSTER for the scope of one check (the backward reads it at every call), then restores it.
-class ClusterOverride {
+class EnvOverride {
  public:
-  explicit ClusterOverride(const char* value) {
-    if (const char* old = std::getenv("FA4_BWD_CLUSTER")) saved_ = old;
-    setenv("FA4_BWD_CLUSTER", value, 1);
+  EnvOverride(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) saved_ = old;
+    setenv(name, value, 1);
   }
-  ~ClusterOverride() {
-    if (saved_) setenv("FA4_BWD_CLUSTER", saved_->c_str(), 1);
-    else unsetenv("FA4_BWD_CLUSTER");
+  ~EnvOverride() {
+    if (saved_) setenv(name_, saved_->c_str(), 1);
+    else unsetenv(name_);
   }
-  ClusterOverride(const ClusterOverride&) = delete;
-  ClusterOverride& operator=(const ClusterOverride&) = delete;
+  EnvOverride(const EnvOverride&) = delete;
+  EnvOverride& operator=(const EnvOverride&) = delete;
 
  private:
+  const char* name_;
   std::optional<std::string> saved_;
 };
 
@@ -304,12 +305,12 @@ TEST(GpuBackwardSm90, ClusterPairMatchesSingleCta) {
         c.seed = 5200 + uint64_t(d) + uint64_t(m) * 3 + uint64_t(seqlen_k % 2);
         BwdResult single;
         {
-          const ClusterOverride off("0");
+          const EnvOverride off("FA4_BWD_CLUSTER", "0");
           check_backward_case(c);
           single = run_backward_on_gpu(c, false);
         }
         for (const char* mode : {"1", "multicast"}) {  // with the dQ exchange, and sharing Q/dO only
-          const ClusterOverride on(mode);
+          const EnvOverride on("FA4_BWD_CLUSTER", mode);
           SCOPED_TRACE(std::string("FA4_BWD_CLUSTER=") + mode);
           check_backward_case(c);
           const BwdResult paired = run_backward_on_gpu(c, false);
@@ -321,7 +322,7 @@ TEST(GpuBackwardSm90, ClusterPairMatchesSingleCta) {
   // their dK, dV must be zeros and nothing may wait for them).
   for (const char* mode : {"1", "multicast"})
     for (Shape sh : {Shape{0, 300}, Shape{40, 1000}}) {
-      const ClusterOverride on(mode);
+      const EnvOverride on("FA4_BWD_CLUSTER", mode);
       BwdCase c;
       c.head_dim = 128;
       c.batch = 2, c.seqlen_q = sh.seqlen_q, c.seqlen_k = sh.seqlen_k, c.heads_q = 2, c.heads_kv = 1;
@@ -389,6 +390,33 @@ TEST(GpuBackwardSm90, DeterministicSmall) {
   }
 }
 
+// The deterministic turn helpers of the column-split rows (FA4_BWD_DET_HELPER=1, an A/B candidate): right, the
+// same bits as the warpgroups passing the turns themselves (the adds happen in the same key-block order), and
+// bitwise repeatable; causal (a block's turn is not its index) and GQA.
+TEST(GpuBackwardSm90, DeterministicTurnHelpersMatchTheInlineTurns) {
+  REQUIRE_SM90();
+  for (int d : {192, 256})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 1, c.seqlen_q = 200, c.seqlen_k = 520, c.heads_q = 2, c.heads_kv = 1;
+      c.options = options_for(m);
+      c.options.deterministic = true;
+      c.seed = 7400 + uint64_t(d) + uint64_t(m);
+      BwdResult inline_turns;
+      {
+        const EnvOverride off("FA4_BWD_DET_HELPER", "0");
+        inline_turns = run_backward_on_gpu(c, false);
+      }
+      const EnvOverride on("FA4_BWD_DET_HELPER", "1");
+      check_backward_case(c);
+      const BwdResult helped = run_backward_on_gpu(c, false, /*repeats=*/3);
+      EXPECT_EQ(helped.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+      EXPECT_TRUE(helped.dq_values == inline_turns.dq_values) << c.name() << ": dQ differs from the inline turns";
+      EXPECT_TRUE(helped.dk_values == inline_turns.dk_values) << c.name() << ": dK differs from the inline turns";
+    }
+}
+
 // What the backward cannot take is refused with a message naming the argument, before anything is written.
 TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   REQUIRE_SM90();
@@ -413,10 +441,16 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   const fa4::Tensor& x = t.desc();
   EXPECT_TRUE(fa4::supports(fa4::Pass::backward, x, x, x).ok);
   {  // a bad A/B override of the CTA pair is an error that names it, not a silent default
-    const ClusterOverride bad("yes");
+    const EnvOverride bad("FA4_BWD_CLUSTER", "yes");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
                  {"FA4_BWD_CLUSTER", "'yes'"});
+  }
+  {  // and of the deterministic turn helpers
+    const EnvOverride bad("FA4_BWD_DET_HELPER", "yes");
+    expect_error(fa4::Status::invalid_argument,
+                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
+                 {"FA4_BWD_DET_HELPER", "'yes'"});
   }
   fa4::Tensor x80 = x;  // a head dim without a CUDA kernel: refused, not sent to the CPU
   x80.shape = {1, 16, 2, 80};
