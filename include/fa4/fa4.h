@@ -118,6 +118,10 @@ fa4_status fa4_backward_varlen(const fa4_tensor* q, const fa4_tensor* k, const f
                                const fa4_tensor* dk, const fa4_tensor* dv, const fa4_varlen* varlen,
                                const fa4_options* options, void* workspace, size_t workspace_bytes, void* stream);
 
+/* Bytes of workspace fa4_forward_varlen / fa4_backward_varlen need (fa4.hpp's workspace_size_varlen). */
+fa4_status fa4_workspace_size_varlen(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
+                                     const fa4_varlen* varlen, const fa4_options* options, size_t* bytes);
+
 /* KV-cache attention (fa4.hpp's KvCache; FlashAttention's flash_attn_with_kvcache), forward only. q, out:
  * [batch, seqlen_q, h, d]; k_cache, v_cache: [batch, seqlen_cache, h_kv, d] (contiguous cache, page_table NULL)
  * or [num_pages, page_size, h_kv, d] (paged, page_size a multiple of 16); lse NULL or [batch, h, seqlen_q].

@@ -121,9 +121,11 @@ Support supports(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, c
 // strides, head_dim unit stride. Sequence b owns rows cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1 of q and rows
 // cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1 of k and v, of which it attends to the first seqused_k[b] when
 // seqused_k is given. lse is [heads, total_q], fp32. Every mask and option applies per sequence (causal is
-// bottom-right within each sequence); rows no sequence covers get 0 in out, dq, dk, dv and -inf in lse. The
-// metadata is read where the tensors live; this version runs variable-length batches on the CPU backend (CUDA
-// tensors are refused, by supports_varlen too).
+// bottom-right within each sequence); rows no sequence covers get 0 in dq, dk, dv (and keys past seqused_k in
+// dk, dv); on CPU tensors also 0 in out and -inf in lse (the CUDA forward leaves those rows unwritten, as
+// FlashAttention does). The metadata live where the tensors do: host arrays for CPU tensors, checked entry by
+// entry; device arrays for CUDA tensors, trusted unless Options::validate_device_metadata (or FA4_VALIDATE=1)
+// asks for a check. The backward's workspace on CUDA: workspace_size_varlen.
 struct Varlen {
   const int32_t* cu_seqlens_q = nullptr;  // [batch + 1]: 0, then non-decreasing, last <= total_q
   const int32_t* cu_seqlens_k = nullptr;  // [batch + 1]: 0, then non-decreasing, last <= total_k
@@ -143,6 +145,11 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
 
 Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
                         const Options& options = {});
+
+// Bytes of workspace a variable-length call needs (0 on CPU tensors and for the forward; the CUDA backward's
+// dQ accumulator, LSE·log2e and D for varlen.batch sequences of max_seqlen_q rows). Reads no metadata.
+std::size_t workspace_size_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
+                                  const Options& options = {});
 
 // KV-cache attention (FlashAttention's flash_attn_with_kvcache), forward only: decode and chunked prefill
 // against a cache that is read in place, either contiguous or paged.

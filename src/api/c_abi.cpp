@@ -256,6 +256,17 @@ fa4_status fa4_workspace_size(fa4_pass pass, const fa4_tensor* q, const fa4_tens
   });
 }
 
+fa4_status fa4_workspace_size_varlen(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
+                                     const fa4_varlen* varlen, const fa4_options* options, size_t* bytes) {
+  return guarded([&] {
+    if (bytes == nullptr)
+      throw fa4::Error(fa4::Status::invalid_argument,
+                       "fa4_workspace_size_varlen: argument 'bytes': expected a pointer, got NULL");
+    *bytes = fa4::workspace_size_varlen(to_pass(pass), to_cpp(q, "q"), to_cpp(k, "k"), to_cpp(v, "v"), to_cpp(varlen),
+                                        CppOptions(options).get());
+  });
+}
+
 fa4_status fa4_supports(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
                         const fa4_options* options, char* reason, size_t reason_bytes) {
   fa4::Support s;

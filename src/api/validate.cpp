@@ -241,6 +241,23 @@ Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, cons
   return p;
 }
 
+void check_gradients_apart(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                           const Options& options) {
+  const std::pair<const char*, const Tensor*> outputs[] = {{"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  for (const auto& o : outputs) check_no_self_overlap(call, o.first, *o.second);
+  const std::pair<const char*, const Tensor*> all[] = {{"q", &q},   {"k", &k},   {"v", &v},  {"out", &out}, {"dout", &dout},
+                                                       {"lse", &lse}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
+  for (const auto& o : outputs)
+    for (const auto& a : all)
+      if (std::string(a.first) != o.first) check_disjoint(call, o.first, *o.second, a.first, *a.second);
+  if (options.dsinks) {
+    check_no_self_overlap(call, "options.dsinks", *options.dsinks);
+    check_disjoint(call, "options.dsinks", *options.dsinks, "options.sinks", *options.sinks);
+    for (const auto& a : all) check_disjoint(call, "options.dsinks", *options.dsinks, a.first, *a.second);
+  }
+}
+
 Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
                           const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                           const Options& options, Workspace workspace, Stream stream) {
@@ -261,18 +278,8 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
     check_tensor(call, outputs[i].first, *outputs[i].second, 4);
     check_same_kind(call, outputs[i].first, *outputs[i].second, q, q.dtype);
     check_same_shape(call, outputs[i].first, *outputs[i].second, shapes[i].first, *shapes[i].second);
-    check_no_self_overlap(call, outputs[i].first, *outputs[i].second);
   }
-  const std::pair<const char*, const Tensor*> all[] = {{"q", &q},   {"k", &k},   {"v", &v},  {"out", &out}, {"dout", &dout},
-                                                       {"lse", &lse}, {"dq", &dq}, {"dk", &dk}, {"dv", &dv}};
-  for (const auto& o : outputs)
-    for (const auto& a : all)
-      if (std::string(a.first) != o.first) check_disjoint(call, o.first, *o.second, a.first, *a.second);
-  if (options.dsinks) {
-    check_no_self_overlap(call, "options.dsinks", *options.dsinks);
-    check_disjoint(call, "options.dsinks", *options.dsinks, "options.sinks", *options.sinks);
-    for (const auto& a : all) check_disjoint(call, "options.dsinks", *options.dsinks, a.first, *a.second);
-  }
+  check_gradients_apart(call, q, k, v, out, dout, lse, dq, dk, dv, options);
   require_backward_layout(call, p, dout);
   check_workspace(call, p, Pass::backward, workspace, stream);
   return p;

@@ -45,6 +45,11 @@ Problem validate_backward(const Tensor& q, const Tensor& k, const Tensor& v, con
 void check_outputs_apart(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                          const Tensor* lse);
 
+// A backward's dq, dk, dv (and options.dsinks) may not overlap themselves, each other or any input.
+void check_gradients_apart(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                           const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                           const Options& options);
+
 // The caller's workspace: none ({nullptr, 0}: the backend allocates stream-ordered), or at least
 // workspace_bytes(p, pass) at a non-null pointer; a CPU call takes no stream.
 void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws, Stream stream);

@@ -101,13 +101,10 @@ std::vector<Sequence> checked_sequences(const char* call, const Tensor& q, const
   return seqs;
 }
 
-// The sequences of a call on CPU tensors.
+// The sequences of a call on CPU tensors (CUDA calls take the device paths below).
 std::vector<Sequence> sequences(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
   if (q.device != Device::cpu)
-    fail(Status::unsupported, call, "q",
-         "CPU tensors (the backward of a variable-length batch runs on the CPU backend in this version; its forward "
-         "also on CUDA)",
-         std::string("a ") + to_string(q.device) + " tensor");
+    throw Error(Status::internal, std::string(call) + ": cuda tensors reached the CPU path of a variable-length batch");
   return checked_sequences(call, q, k, v, vl);
 }
 
@@ -180,7 +177,7 @@ struct DeviceProblem {
   Tensor q, k, v;  // every packed row as one batch: [1, total, heads, d]
 };
 
-DeviceProblem check_device_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v,
+DeviceProblem check_device_inputs(const char* call, Pass pass, const Tensor& q, const Tensor& k, const Tensor& v,
                                   const Varlen& vl, const Options& options) {
   check_packed_inputs(call, q, k, v, vl);
   if (vl.max_seqlen_q < 0 || vl.max_seqlen_q > q.shape[0])
@@ -189,45 +186,85 @@ DeviceProblem check_device_inputs(const char* call, const Tensor& q, const Tenso
   if (vl.max_seqlen_k < 0 || vl.max_seqlen_k > k.shape[0])
     fail(Status::invalid_argument, call, "varlen.max_seqlen_k",
          "0 .. " + std::to_string(k.shape[0]) + " (at most total_k)", std::to_string(vl.max_seqlen_k));
-  if (options.num_splits > 1)
+  if (pass == Pass::backward) {
+    detail::check_backward_splits(call, options);
+  } else if (options.num_splits > 1) {
     fail(Status::unsupported, call, "options.num_splits",
          "0 or 1 for a variable-length batch on CUDA (its kernel does not split keys)", std::to_string(options.num_splits));
-  detail::check_sink_options(call, options, q.shape[1], q, true);
+  }
+  detail::check_sink_options(call, options, q.shape[1], q, pass == Pass::forward);
   // The longest sequence's rows (starting at row 0: every offset is below total - max_seqlen + 1 only if the
   // metadata are right, so the views are for validation, not for reading).
   const Tensor qv = rows_view(q, 0, vl.max_seqlen_q), kv = rows_view(k, 0, vl.max_seqlen_k),
                vv = rows_view(v, 0, vl.max_seqlen_k);
-  const detail::Problem p = detail::validate_inputs(call, qv, kv, vv, options);
+  detail::Problem p = detail::validate_inputs(call, qv, kv, vv, options);
   if (detail::require_backend(call, p) != detail::Backend::cuda)
     throw Error(Status::internal, std::string(call) + ": cuda tensors selected a host backend");
+  detail::require_pass(call, p, pass);
+  p.batch = vl.batch;  // the kernels' batch is the sequence count (the backward's workspace is sized by it)
   DeviceProblem d{p, rows_view(q, 0, q.shape[0]), rows_view(k, 0, k.shape[0]), rows_view(v, 0, k.shape[0])};
   detail::require_layout(call, p, d.q, d.k, d.v);
   return d;
 }
 
+#if defined(FA4_WITH_SM90)
+// Options::validate_device_metadata (or FA4_VALIDATE=1): every entry checked on a host copy, as the CPU path does.
+void check_device_metadata(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl,
+                           const Options& options, Stream stream) {
+  if (!detail::validate_device_metadata(options)) return;
+  const std::vector<int32_t> cu_q =
+      sm90::read_device_ints(call, "varlen.cu_seqlens_q", vl.cu_seqlens_q, vl.batch + 1, q.device_index, stream);
+  const std::vector<int32_t> cu_k =
+      sm90::read_device_ints(call, "varlen.cu_seqlens_k", vl.cu_seqlens_k, vl.batch + 1, q.device_index, stream);
+  const std::vector<int32_t> used =
+      vl.seqused_k ? sm90::read_device_ints(call, "varlen.seqused_k", vl.seqused_k, vl.batch, q.device_index, stream)
+                   : std::vector<int32_t>{};
+  Varlen host = vl;
+  host.cu_seqlens_q = cu_q.data(), host.cu_seqlens_k = cu_k.data();
+  host.seqused_k = vl.seqused_k ? used.data() : nullptr;
+  checked_sequences(call, q, k, v, host);
+}
+#endif
+
 void forward_varlen_device(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
                            const Varlen& vl, const Options& options, Stream stream) {
   const char* call = "fa4::forward_varlen";
-  const DeviceProblem d = check_device_inputs(call, q, k, v, vl, options);
+  const DeviceProblem d = check_device_inputs(call, Pass::forward, q, k, v, vl, options);
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   if (lse) check_lse(call, *lse, q);
   // The outputs may not overlap the inputs or themselves (the CPU path checks each sequence's views likewise).
   detail::check_outputs_apart(call, q, k, v, out, lse);
 #if defined(FA4_WITH_SM90)
-  if (detail::validate_device_metadata(options)) {  // every entry checked on a host copy, as the CPU path does
-    const std::vector<int32_t> cu_q = sm90::read_device_ints(call, "varlen.cu_seqlens_q", vl.cu_seqlens_q, vl.batch + 1,
-                                                             q.device_index, stream);
-    const std::vector<int32_t> cu_k = sm90::read_device_ints(call, "varlen.cu_seqlens_k", vl.cu_seqlens_k, vl.batch + 1,
-                                                             q.device_index, stream);
-    const std::vector<int32_t> used =
-        vl.seqused_k ? sm90::read_device_ints(call, "varlen.seqused_k", vl.seqused_k, vl.batch, q.device_index, stream)
-                     : std::vector<int32_t>{};
-    Varlen host = vl;
-    host.cu_seqlens_q = cu_q.data(), host.cu_seqlens_k = cu_k.data();
-    host.seqused_k = vl.seqused_k ? used.data() : nullptr;
-    checked_sequences(call, q, k, v, host);
-  }
+  check_device_metadata(call, q, k, v, vl, options, stream);
   sm90::forward_varlen(d.p, d.q, d.k, d.v, out, lse, vl, stream);
+#else
+  (void)d, (void)stream;
+  throw Error(Status::internal, std::string(call) + ": a CUDA backend without sm_90a kernels was selected");
+#endif
+}
+
+// The CUDA backward: the forward's host-visible checks (on the backward's pass), the packed gradients, dout and
+// lse, the outputs apart from the inputs and each other, the workspace against the sequence count's layout.
+void backward_varlen_device(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& dout,
+                            const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Varlen& vl,
+                            const Options& options, Workspace workspace, Stream stream) {
+  const char* call = "fa4::backward_varlen";
+  const DeviceProblem d = check_device_inputs(call, Pass::backward, q, k, v, vl, options);
+  check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dout", dout, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dq", dq, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dk", dk, k.shape[0], k.shape[1], k.shape[2], q);
+  check_packed(call, "dv", dv, k.shape[0], k.shape[1], k.shape[2], q);
+  check_lse(call, lse, q);
+  detail::check_gradients_apart(call, q, k, v, out, dout, lse, dq, dk, dv, options);
+  const Tensor dout_rows = rows_view(dout, 0, q.shape[0]);
+  detail::require_backward_layout(call, d.p, dout_rows);
+  detail::check_workspace(call, d.p, Pass::backward, workspace, stream);
+#if defined(FA4_WITH_SM90)
+  check_device_metadata(call, q, k, v, vl, options, stream);
+  sm90::backward_varlen(d.p, d.q, d.k, d.v, rows_view(out, 0, q.shape[0]), dout_rows, lse,
+                        rows_view(dq, 0, q.shape[0]), rows_view(dk, 0, k.shape[0]), rows_view(dv, 0, k.shape[0]), vl,
+                        workspace, stream);
 #else
   (void)d, (void)stream;
   throw Error(Status::internal, std::string(call) + ": a CUDA backend without sm_90a kernels was selected");
@@ -263,6 +300,8 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
                      const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv, const Varlen& varlen,
                      const Options& options, Workspace workspace, Stream stream) {
   const char* call = "fa4::backward_varlen";
+  if (q.device == Device::cuda)
+    return backward_varlen_device(q, k, v, out, dout, lse, dq, dk, dv, varlen, options, workspace, stream);
   const std::vector<Sequence> seqs = sequences(call, q, k, v, varlen);
   check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
   check_packed(call, "dout", dout, q.shape[0], q.shape[1], q.shape[2], q);
@@ -295,11 +334,25 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     static_cast<float*>(options.dsinks->data)[int64_t(h) * options.dsinks->stride[0]] = dsinks[h];
 }
 
+std::size_t workspace_size_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
+                                  const Options& options) {
+  const char* call = "fa4::workspace_size_varlen";
+  if (pass != Pass::forward && pass != Pass::backward)
+    throw Error(Status::invalid_argument, std::string(call) + ": argument 'pass': expected forward or backward, got code " +
+                                              std::to_string(static_cast<int>(pass)));
+  if (q.device != Device::cuda) {
+    check_packed_inputs(call, q, k, v, varlen);
+    return 0;
+  }
+  if (pass == Pass::forward) return 0;  // the varlen forward does not split keys
+  return detail::workspace_bytes(check_device_inputs(call, pass, q, k, v, varlen, options).p, pass);
+}
+
 Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
                         const Options& options) {
   try {
-    if (q.device == Device::cuda && pass == Pass::forward) {
-      check_device_inputs("fa4::supports_varlen", q, k, v, varlen, options);
+    if (q.device == Device::cuda) {
+      check_device_inputs("fa4::supports_varlen", pass, q, k, v, varlen, options);
       return {true, Status::ok, ""};
     }
     const std::vector<Sequence> seqs = sequences("fa4::supports_varlen", q, k, v, varlen);

@@ -2,13 +2,15 @@
 // sequence): each sequence's out and lse against the fp64 reference of that sequence alone, with the tolerance
 // rule, for every compiled forward (dtype, head dim), over ragged lengths with 0 and 1 and sequences longer
 // than a tile, GQA, every mask, softcap, sinks and seqused_k (the keys past it NaN). Outputs start NaN-poisoned; rows that belong to no
-// sequence must stay so (not written). The metadata are device arrays, as an engine passes them.
+// sequence must stay so (not written). The metadata are device arrays, as an engine passes them. The backward
+// (fa4::backward_varlen) likewise, below.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -51,6 +53,7 @@ struct VarlenCase {
   std::vector<int32_t> len_q, len_k;  // per sequence
   std::vector<int32_t> used_k;        // empty: no seqused_k
   int64_t spare_q = 0;                // packed rows after the last sequence (belong to none)
+  int64_t spare_k = 0;                // the same for k and v (backward cases)
   Options options;
   bool sinks = false;
   uint64_t seed = 1;
@@ -226,9 +229,11 @@ TEST(GpuVarlenSm90, RefusalsNameTheArgument) {
   expect(split, "options.num_splits");
   expect({}, "'out': expected memory disjoint from 'q'");  // out is q here
   EXPECT_TRUE(fa4::supports_varlen(fa4::Pass::forward, packed(d.desc()), packed(d.desc()), packed(d.desc()), vl).ok);
-  const fa4::Support bwd = fa4::supports_varlen(fa4::Pass::backward, packed(d.desc()), packed(d.desc()), packed(d.desc()), vl);
-  EXPECT_FALSE(bwd.ok);
-  EXPECT_NE(bwd.reason.find("backward of a variable-length batch"), std::string::npos) << bwd.reason;
+  EXPECT_TRUE(fa4::supports_varlen(fa4::Pass::backward, packed(d.desc()), packed(d.desc()), packed(d.desc()), vl).ok);
+  const fa4::Support bwd_split =
+      fa4::supports_varlen(fa4::Pass::backward, packed(d.desc()), packed(d.desc()), packed(d.desc()), vl, split);
+  EXPECT_FALSE(bwd_split.ok);
+  EXPECT_NE(bwd_split.reason.find("options.num_splits"), std::string::npos) << bwd_split.reason;
 }
 
 }  // namespace
@@ -257,6 +262,255 @@ TEST(GpuVarlenSm90, ValidationNamesEachBadDeviceEntry) {
   expect({0, 25, 20}, {}, 25, "varlen.cu_seqlens_q[2]");  // decreasing
   expect({0, 10, 30}, {5, 21}, 20, "varlen.seqused_k[1]");  // more than its 20 keys
   expect({0, 10, 30}, {}, 12, "varlen.max_seqlen_q");      // shorter than the longest (20)
+}
+
+}  // namespace
+
+// The backward (fa4::backward_varlen on cuda tensors): each sequence's dq, dk, dv against the fp64 reference of
+// that sequence alone, with the tolerance rule; the gradients NaN-poisoned first; q, dout, k and v NaN in every
+// row no sequence owns and in the keys past seqused_k (a NaN there must reach no gradient: the tiles' rows past
+// a sequence load as zeros); those rows' gradients zero, as on the CPU backend. With sinks, dsinks summed over
+// the sequences against the reference's sum. Deterministic: a second run gives the same bits.
+namespace {
+
+struct VarlenGrads {
+  HostTensor dq, dk, dv;
+  std::vector<float> dsinks;
+};
+
+void check_varlen_backward(const VarlenCase& c) {
+  SCOPED_TRACE("backward " + c.name());
+  const int64_t batch = int64_t(c.len_q.size());
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (int64_t b = 0; b < batch; ++b) cu_q.push_back(cu_q.back() + c.len_q[size_t(b)]);
+  for (int64_t b = 0; b < batch; ++b) cu_k.push_back(cu_k.back() + c.len_k[size_t(b)]);
+  const int64_t total_q = cu_q.back() + c.spare_q, total_k = cu_k.back() + c.spare_k;
+  const int64_t hq = c.heads_q, hk = c.heads_kv, d = c.head_dim;
+  auto q = HostTensor::make(c.dtype, {1, total_q, hq, d}), dout = HostTensor::make(c.dtype, {1, total_q, hq, d});
+  auto k = HostTensor::make(c.dtype, {1, total_k, hk, d}), v = HostTensor::make(c.dtype, {1, total_k, hk, d});
+  q.fill_normal(c.seed * 11 + 1, c.options.softcap > 0 ? c.options.softcap / 4 : 1.0);
+  k.fill_normal(c.seed * 11 + 2);
+  v.fill_normal(c.seed * 11 + 3);
+  dout.fill_normal(c.seed * 11 + 4);
+  auto nan_rows = [](HostTensor& t, int64_t row0, int64_t rows, int64_t row_elems) {
+    if (rows > 0) std::fill_n(static_cast<uint16_t*>(t.desc().data) + row0 * row_elems, rows * row_elems, uint16_t(0xFFFF));
+  };
+  nan_rows(q, cu_q.back(), c.spare_q, hq * d), nan_rows(dout, cu_q.back(), c.spare_q, hq * d);
+  for (auto* t : {&k, &v}) {
+    nan_rows(*t, cu_k.back(), c.spare_k, hk * d);
+    for (size_t b = 0; b < c.used_k.size(); ++b) nan_rows(*t, cu_k[b] + c.used_k[b], c.len_k[b] - c.used_k[b], hk * d);
+  }
+  std::vector<float> sink_values;
+  for (int64_t h = 0; h < hq; ++h) sink_values.push_back(float(h % 3) - 1.5f);
+  float *d_sinks = nullptr, *d_dsinks = nullptr;
+  CUDA_OK(cudaMalloc(&d_sinks, size_t(hq) * sizeof(float)));
+  CUDA_OK(cudaMalloc(&d_dsinks, size_t(hq) * sizeof(float)));
+  CUDA_OK(cudaMemcpy(d_sinks, sink_values.data(), size_t(hq) * sizeof(float), cudaMemcpyHostToDevice));
+  auto vector_tensor = [hq](void* data, fa4::Device device) {
+    Tensor t;
+    t.data = data, t.dtype = DType::f32, t.device = device, t.rank = 1;
+    t.shape = {hq, 0, 0, 0}, t.stride = {1, 0, 0, 0};
+    return t;
+  };
+  const Tensor sinks_dev = vector_tensor(d_sinks, fa4::Device::cuda), dsinks_dev = vector_tensor(d_dsinks, fa4::Device::cuda);
+
+  auto out = HostTensor::make(c.dtype, {1, total_q, hq, d});
+  auto lse = HostTensor::make_lse({1, hq, total_q});
+  out.poison(), lse.poison();
+  DeviceCopy d_q(q, size_t(q.numel())), d_k(k, size_t(k.numel())), d_v(v, size_t(v.numel())),
+      d_dout(dout, size_t(dout.numel())), d_out(out, size_t(out.numel())), d_lse(lse, size_t(lse.numel()));
+  auto poisoned = [](HostTensor t) { t.poison(); return t; };
+  VarlenGrads got{poisoned(HostTensor::make(c.dtype, {1, total_q, hq, d})),
+                  poisoned(HostTensor::make(c.dtype, {1, total_k, hk, d})),
+                  poisoned(HostTensor::make(c.dtype, {1, total_k, hk, d})), {}};
+  DeviceCopy d_dq(got.dq, size_t(got.dq.numel())), d_dk(got.dk, size_t(got.dk.numel())),
+      d_dv(got.dv, size_t(got.dv.numel()));
+  const DeviceInts d_cu_q(cu_q), d_cu_k(cu_k), d_used(c.used_k);
+  fa4::Varlen vl;
+  vl.cu_seqlens_q = d_cu_q.ptr, vl.cu_seqlens_k = d_cu_k.ptr;
+  vl.seqused_k = c.used_k.empty() ? nullptr : d_used.ptr;
+  vl.batch = batch;
+  for (int64_t b = 0; b < batch; ++b) {
+    vl.max_seqlen_q = std::max<int64_t>(vl.max_seqlen_q, c.len_q[size_t(b)]);
+    vl.max_seqlen_k = std::max<int64_t>(vl.max_seqlen_k, c.used_k.empty() ? c.len_k[size_t(b)] : c.used_k[size_t(b)]);
+  }
+  Tensor d_lse2 = d_lse.desc();  // [heads, total_q]
+  d_lse2.rank = 2, d_lse2.shape = {hq, total_q, 0, 0}, d_lse2.stride = {total_q, 1, 0, 0};
+  Options o = c.options;
+  if (c.sinks) o.sinks = &sinks_dev;
+  Options ob = o;
+  if (c.sinks) ob.dsinks = &dsinks_dev;
+  // A caller's workspace of the size the library asks for, NaN-filled (the preprocess must write what it reads).
+  const size_t ws_bytes = fa4::workspace_size_varlen(fa4::Pass::backward, packed(d_q.desc()), packed(d_k.desc()),
+                                                     packed(d_v.desc()), vl, ob);
+  void* ws_ptr = nullptr;
+  CUDA_OK(cudaMalloc(&ws_ptr, std::max<size_t>(ws_bytes, 16)));
+  auto run = [&](VarlenGrads& g) {
+    for (const DeviceCopy* t : {&d_dq, &d_dk, &d_dv})
+      EXPECT_EQ(cudaMemset(t->desc().data, 0xff, size_t(t->desc().shape[1] * t->desc().shape[2] * d) * 2), cudaSuccess);
+    EXPECT_EQ(cudaMemset(d_dsinks, 0xff, size_t(hq) * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ws_ptr, 0xff, std::max<size_t>(ws_bytes, 16)), cudaSuccess);
+    try {
+      fa4::backward_varlen(packed(d_q.desc()), packed(d_k.desc()), packed(d_v.desc()), packed(d_out.desc()),
+                           packed(d_dout.desc()), d_lse2, packed(d_dq.desc()), packed(d_dk.desc()),
+                           packed(d_dv.desc()), vl, ob, {ws_ptr, ws_bytes});
+    } catch (const fa4::Error& e) {
+      ADD_FAILURE() << "backward threw: " << e.what();
+    }
+    const cudaError_t e = cudaDeviceSynchronize();
+    EXPECT_EQ(e, cudaSuccess) << cudaGetErrorName(e) << " " << cudaGetErrorString(e);
+    d_dq.copy_back(g.dq), d_dk.copy_back(g.dk), d_dv.copy_back(g.dv);
+    g.dsinks.assign(size_t(hq), 0.0f);
+    EXPECT_EQ(cudaMemcpy(g.dsinks.data(), d_dsinks, size_t(hq) * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
+  };
+  try {
+    fa4::forward_varlen(packed(d_q.desc()), packed(d_k.desc()), packed(d_v.desc()), packed(d_out.desc()), &d_lse2, vl, o);
+  } catch (const fa4::Error& e) {
+    ADD_FAILURE() << "forward threw: " << e.what();
+  }
+  run(got);
+  if (c.options.deterministic) {
+    VarlenGrads again{HostTensor::make(c.dtype, {1, total_q, hq, d}), HostTensor::make(c.dtype, {1, total_k, hk, d}),
+                      HostTensor::make(c.dtype, {1, total_k, hk, d}), {}};
+    run(again);
+    EXPECT_TRUE(again.dq.storage() == got.dq.storage() && again.dk.storage() == got.dk.storage() &&
+                again.dv.storage() == got.dv.storage() && (!c.sinks || again.dsinks == got.dsinks))
+        << "a second deterministic run gave other bits";
+  }
+  cudaFree(ws_ptr);
+  cudaFree(d_sinks), cudaFree(d_dsinks);
+
+  // Each sequence against the fp64 reference of that sequence alone (and the same-precision naive one).
+  const double rtol = c.options.softcap > 0 ? 3.0 : 2.0, atol = c.options.softcap > 0 ? 3e-4 : 0.0;
+  const Tensor pq = packed(q.desc()), pk = packed(k.desc()), pv = packed(v.desc()), pdo = packed(dout.desc());
+  const Tensor gq = packed(got.dq.desc()), gk = packed(got.dk.desc()), gv = packed(got.dv.desc());
+  const Tensor sinks_host = vector_tensor(sink_values.data(), fa4::Device::cpu);
+  std::vector<double> dsinks_ref(size_t(hq), 0.0), dsinks_naive(size_t(hq), 0.0);
+  auto dense_rows = [&](const Tensor& rows, int64_t n, int64_t heads) {  // a sequence's rows of a packed result
+    auto t = HostTensor::make(c.dtype, {1, n, heads, d});
+    const size_t row_bytes = size_t(heads * d) * fa4::element_size(c.dtype);
+    for (int64_t i = 0; i < n; ++i)
+      std::memcpy(static_cast<char*>(t.desc().data) + size_t(i) * row_bytes,
+                  static_cast<const char*>(rows.data) + i * rows.stride[1] * int64_t(fa4::element_size(c.dtype)), row_bytes);
+    return t.values();
+  };
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t sq = c.len_q[size_t(b)], sk = c.used_k.empty() ? c.len_k[size_t(b)] : c.used_k[size_t(b)];
+    const int64_t q0 = cu_q[size_t(b)], k0 = cu_k[size_t(b)];
+    std::vector<float> seq_dsinks(size_t(hq), 0.0f), seq_dsinks_naive(size_t(hq), 0.0f);
+    const Tensor seq_dsinks_t = vector_tensor(seq_dsinks.data(), fa4::Device::cpu);
+    const Tensor seq_dsinks_naive_t = vector_tensor(seq_dsinks_naive.data(), fa4::Device::cpu);
+    Options host_o = c.options;
+    if (c.sinks) host_o.sinks = &sinks_host, host_o.dsinks = &seq_dsinks_t;
+    const Tensor qb = rows_of(pq, q0, sq), kb = rows_of(pk, k0, sk), vb = rows_of(pv, k0, sk), dob = rows_of(pdo, q0, sq);
+    fa4::detail::Problem p = fa4::detail::validate_inputs("test", qb, kb, vb, host_o);
+    auto ref_q = HostTensor::make(DType::f64, {1, sq, hq, d}), naive_q = HostTensor::make(DType::f64, {1, sq, hq, d});
+    auto ref_k = HostTensor::make(DType::f64, {1, sk, hk, d}), naive_k = HostTensor::make(DType::f64, {1, sk, hk, d});
+    auto ref_v = HostTensor::make(DType::f64, {1, sk, hk, d}), naive_v = HostTensor::make(DType::f64, {1, sk, hk, d});
+    fa4::cpu::reference_backward(p, qb, kb, vb, dob, ref_q.desc(), ref_k.desc(), ref_v.desc(), fa4::cpu::Precision::exact);
+    if (c.sinks) p.dsinks = &seq_dsinks_naive_t;
+    fa4::cpu::reference_backward(p, qb, kb, vb, dob, naive_q.desc(), naive_k.desc(), naive_v.desc(),
+                                 fa4::cpu::Precision::storage);
+    for (int64_t h = 0; h < hq; ++h)
+      dsinks_ref[size_t(h)] += seq_dsinks[size_t(h)], dsinks_naive[size_t(h)] += seq_dsinks_naive[size_t(h)];
+    const fa4::testing::Comparison cq = fa4::testing::compare(dense_rows(rows_of(gq, q0, sq), sq, hq), ref_q.values(),
+                                                              naive_q.values(), c.dtype, rtol, atol);
+    const fa4::testing::Comparison ck = fa4::testing::compare(dense_rows(rows_of(gk, k0, sk), sk, hk), ref_k.values(),
+                                                              naive_k.values(), c.dtype, rtol, atol);
+    const fa4::testing::Comparison cv = fa4::testing::compare(dense_rows(rows_of(gv, k0, sk), sk, hk), ref_v.values(),
+                                                              naive_v.values(), c.dtype, rtol, atol);
+    EXPECT_TRUE(cq.pass) << "sequence " << b << " dq " << cq.summary();
+    EXPECT_TRUE(ck.pass) << "sequence " << b << " dk " << ck.summary();
+    EXPECT_TRUE(cv.pass) << "sequence " << b << " dv " << cv.summary();
+  }
+  if (c.sinks) {
+    const std::vector<double> got_dsinks(got.dsinks.begin(), got.dsinks.end());
+    const fa4::testing::Comparison cs = fa4::testing::compare(got_dsinks, dsinks_ref, dsinks_naive, DType::f32, rtol, atol);
+    EXPECT_TRUE(cs.pass) << "dsinks " << cs.summary();
+  }
+  // Rows no sequence owns, and keys past seqused_k: zero gradients (not NaN, not left unwritten).
+  auto nonzero_rows = [](const std::vector<double>& vals, int64_t row0, int64_t rows, int64_t row_elems) {
+    size_t bad = 0;
+    for (int64_t i = row0 * row_elems; i < (row0 + rows) * row_elems; ++i) bad += vals[size_t(i)] != 0.0;
+    return bad;
+  };
+  const std::vector<double> vq = got.dq.values(), vk = got.dk.values(), vv = got.dv.values();
+  size_t bad = nonzero_rows(vq, cu_q.back(), c.spare_q, hq * d);
+  for (const auto* vals : {&vk, &vv}) {
+    bad += nonzero_rows(*vals, cu_k.back(), c.spare_k, hk * d);
+    for (size_t b = 0; b < c.used_k.size(); ++b)
+      bad += nonzero_rows(*vals, cu_k[b] + c.used_k[b], c.len_k[b] - c.used_k[b], hk * d);
+  }
+  EXPECT_EQ(bad, 0u) << "gradient elements of rows no sequence owns are not zero";
+  std::printf("  backward %-81s %s\n", c.name().c_str(), ::testing::Test::HasFailure() ? "FAIL" : "ok");
+  std::fflush(stdout);
+}
+
+TEST(GpuVarlenSm90, BackwardEveryInstanceEveryMask) {
+  REQUIRE_SM90();
+  uint64_t seed = 700;
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/true)) {
+    VarlenCase c;
+    c.dtype = dtype, c.head_dim = head_dim;
+    // Ragged: a tile and a tail, empty, one row, longer queries than keys (causal rows with no key), no keys,
+    // no queries, several key blocks; rows after the last sequence in both packed tensors.
+    c.len_q = {77, 0, 1, 300, 129, 40, 0, 5};
+    c.len_k = {45, 3, 1, 513, 129, 0, 70, 200};
+    c.spare_q = 9, c.spare_k = 21;
+    for (int variant = 0; variant < 6; ++variant) {
+      VarlenCase v = c;
+      v.seed = ++seed;
+      if (variant == 1) v.options.causal = true;
+      if (variant == 2) v.options.window_left = 37, v.options.window_right = 11;
+      if (variant == 3) v.options.softcap = 30.0f, v.options.causal = true;
+      if (variant == 4) v.sinks = true, v.options.causal = true;
+      if (variant == 5) v.options.deterministic = true, v.options.causal = true;
+      check_varlen_backward(v);
+    }
+  }
+}
+
+TEST(GpuVarlenSm90, BackwardSequsedKGqaAndManySequences) {
+  REQUIRE_SM90();
+  VarlenCase c;  // keys past seqused_k NaN, a sequence with none used; MQA
+  c.dtype = DType::bf16, c.head_dim = 128, c.heads_q = 8, c.heads_kv = 1;
+  c.len_q = {10, 3, 0, 64, 1, 200}, c.len_k = {200, 50, 9, 64, 300, 257}, c.used_k = {150, 0, 4, 64, 1, 256};
+  c.spare_q = 3;
+  check_varlen_backward(c);
+  c.options.deterministic = true, c.options.window_left = 20, c.seed = 2;
+  check_varlen_backward(c);
+  VarlenCase many;  // more CTAs than the GPU holds at once, short sequences of every tail size
+  many.dtype = DType::f16, many.head_dim = 64, many.heads_q = 4, many.heads_kv = 2;
+  for (int b = 0; b < 150; ++b) many.len_q.push_back((b * 37) % 97), many.len_k.push_back((b * 53) % 131 + 1);
+  many.options.causal = true;
+  check_varlen_backward(many);
+  many.options.deterministic = true, many.seed = 3;
+  check_varlen_backward(many);
+}
+
+TEST(GpuVarlenSm90, BackwardRefusesTheCtaPairByName) {
+  REQUIRE_SM90();
+  auto q = HostTensor::make(DType::bf16, {1, 16, 2, 64});
+  q.fill_normal(1);
+  DeviceCopy d_q(q, size_t(q.numel())), d_k(q, size_t(q.numel())), d_v(q, size_t(q.numel())),
+      d_out(q, size_t(q.numel())), d_do(q, size_t(q.numel())), d_dq(q, size_t(q.numel())),
+      d_dk(q, size_t(q.numel())), d_dv(q, size_t(q.numel()));
+  auto lse = HostTensor::make_lse({1, 2, 16});
+  DeviceCopy d_lse(lse, size_t(lse.numel()));
+  Tensor lse2 = d_lse.desc();
+  lse2.rank = 2, lse2.shape = {2, 16, 0, 0}, lse2.stride = {16, 1, 0, 0};
+  const DeviceInts cu(std::vector<int32_t>{0, 16});
+  fa4::Varlen vl;
+  vl.cu_seqlens_q = vl.cu_seqlens_k = cu.ptr, vl.batch = 1, vl.max_seqlen_q = vl.max_seqlen_k = 16;
+  setenv("FA4_BWD_CLUSTER", "1", 1);
+  try {
+    fa4::backward_varlen(packed(d_q.desc()), packed(d_k.desc()), packed(d_v.desc()), packed(d_out.desc()),
+                         packed(d_do.desc()), lse2, packed(d_dq.desc()), packed(d_dk.desc()), packed(d_dv.desc()), vl);
+    ADD_FAILURE() << "the CTA pair ran a variable-length batch";
+  } catch (const fa4::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("FA4_BWD_CLUSTER"), std::string::npos) << e.what();
+  }
+  unsetenv("FA4_BWD_CLUSTER");
 }
 
 }  // namespace

@@ -97,4 +97,12 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
               const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
               Workspace workspace, Stream stream);
 
+// The variable-length backward (fa4::backward_varlen on CUDA tensors): p is the problem of varlen.batch
+// sequences of the longest lengths (max_seqlen_q/k), q, dout, dq, k, v, dk, dv the packed rows as one batch
+// ([1, total, heads, d]), out likewise, lse the packed [heads, total_q], the metadata device arrays (trusted).
+// Rows no sequence covers (and keys past seqused_k) get zero gradients. Workspace: backward_workspace_bytes(p).
+void backward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                     const Varlen& varlen, Workspace workspace, Stream stream);
+
 }  // namespace fa4::sm90

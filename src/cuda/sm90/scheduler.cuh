@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "cuda/sm90/params.hpp"
+#include "cuda/sm90/seq_geometry.hpp"
 #include "cuda/sm90/tile_order.hpp"
 
 namespace fa4::sm90 {
@@ -38,15 +39,8 @@ struct KvTileRange {
   __device__ __forceinline__ bool empty() const { return end <= begin; }
 };
 
-// The sequence a tile belongs to: the whole problem for a dense batch (p's sizes and mask, offsets 0), one
-// sequence of a variable-length batch (its sizes, its rows' offsets in the packed tensors, the mask on its
-// sizes). A dense kernel reads p directly, as before; only the Varlen instances load the offsets.
-struct SeqGeometry {
-  num::Mask mask;
-  int32_t seqlen_q = 0, seqlen_k = 0;
-  int32_t q_row0 = 0, k_row0 = 0;  // the sequence's first row in packed q / out / lse and in packed k / v
-};
-
+// The sequence a tile belongs to (seq_geometry.hpp). A dense kernel reads p directly, as before; only the Varlen
+// instances load the offsets.
 // A KV-cache call (cu_seqlens null) has dense queries and a cache per sequence: offsets 0, the sequence's keys
 // from seqused_k (cache_seqlens) plus the keys appended in this call.
 __device__ __forceinline__ SeqGeometry seq_geometry(const FwdParams& p, const WorkTile& tile) {

@@ -80,6 +80,35 @@ __device__ __forceinline__ void load_tile(uint8_t* smem_tile, const CUtensorMap*
   }
 }
 
+// The same tile when only its first `valid` rows (> 0) belong to the tile's sequence (a packed variable-length
+// batch): those rows by TMA (whole boxes of `map` while they last, then 16-row boxes of map16 and 1-row boxes
+// of map1), the rest as zeros (boxes wholly out of bounds, above row 0), since the rows after a sequence belong
+// to the next one or to none. Every box counts its full bytes on full_barrier: the byte count of a whole tile.
+template <int HeadDim, int Rows>
+__device__ __forceinline__ void load_tile_in_sequence(uint8_t* smem_tile, const CUtensorMap* map,
+                                                      const CUtensorMap* map16, const CUtensorMap* map1, int32_t row,
+                                                      int32_t valid, int32_t head, int32_t batch,
+                                                      uint64_t* full_barrier) {
+  if (valid >= Rows) return load_tile<HeadDim, Rows>(smem_tile, map, row, head, batch, full_barrier);
+  auto issue = [&](const CUtensorMap* m, int32_t smem_row, int32_t at) {
+#pragma unroll
+    for (int chunk = 0; chunk < HeadDim / kSw128Columns; ++chunk) {
+      const int32_t coords[4] = {chunk * kSw128Columns, at, head, batch};
+      ptx::tma_load(smem_tile + (chunk * Rows + smem_row) * ptx::kSw128RowBytes, m, coords, full_barrier);
+    }
+  };
+  static_assert(Rows % 16 == 0, "whole 16-row boxes");
+  int32_t r = 0;
+#pragma unroll 1  // the producer's code stays small: it shares the instruction cache with the consumers
+  for (; r + 16 <= valid; r += 16) issue(map16, r, row + r);
+#pragma unroll 1
+  for (; r < valid; ++r) issue(map1, r, row + r);
+#pragma unroll 1
+  for (; r % 16 != 0; ++r) issue(map1, r, -1);
+#pragma unroll 1
+  for (; r < Rows; r += 16) issue(map16, r, -16);
+}
+
 // Issues S = Q·Kᵀ over head_dim / 16 k-steps (one commit group); the caller waits. q_rows: this warpgroup's
 // 64 rows inside the Q tile, whose head-dim chunks are q_chunk_bytes apart; K tile [chunks][block_n][128 B]
 // (k_chunk_bytes apart when the N = BlockN rows are part of a taller tile).

@@ -147,8 +147,8 @@ __device__ __forceinline__ uint32_t adds_issued_barrier(int consumer) {
 // fence.acq_rel.gpu, cumulative over the barrier (CUTLASS's semaphore pattern), then a relaxed increment. The
 // fence waits for the reds to be performed at L2 (~1-2 µs under the backward's load, the 2026-12-05 trace) on
 // this warp, while the warpgroup computes the next tile.
-template <int Row>
-__device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, const BwdWork& work, int consumer) {
+template <int Row, class Work>
+__device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, const Work& work, int consumer) {
   using Config = BwdConfig<Row>;
   static_assert(Config::kColumnSplit, "key-split rows pass turns in their dQ writer warps");
   if (work.empty() || !p.det_turn_helpers) return;
@@ -158,7 +158,7 @@ __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, cons
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
           dq_turn_counter<Config>(p, pair, m_block, consumer));
-      if (lane0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work.n_block, m_block));
+      if (lane0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
       __syncwarp();
       ptx::named_barrier_arrive(turn_granted_barrier(consumer), kWarpgroupThreads + 32);
       ptx::named_barrier_sync(adds_issued_barrier(consumer), kWarpgroupThreads + 32);
@@ -187,9 +187,9 @@ class DqRegisterAdder {
         consumer_(consumer),
         first_chunk_(first_chunk) {}
 
-  template <int N>
-  __device__ void add(const BwdParams& p, const ptx::WgmmaAccumulator<N>& dq, int64_t pair, int32_t m_block,
-                      int32_t n_block) const {
+  template <int N, class Work>
+  __device__ void add(const BwdParams& p, const Work& work, const ptx::WgmmaAccumulator<N>& dq, int64_t pair,
+                      int32_t m_block) const {
     const int thread = threadIdx.x % kWarpgroupThreads;
     float* units = dq_accum_unit<Config>(p, pair, m_block, first_chunk_) + thread * 4;
     if (!p.deterministic) {
@@ -206,7 +206,7 @@ class DqRegisterAdder {
     }
     ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
         dq_turn_counter<Config>(p, pair, m_block, consumer_));
-    if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, n_block, m_block));
+    if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
     add_all(units, dq);
     __threadfence();

@@ -30,9 +30,9 @@
 
 namespace fa4::sm90 {
 
-template <int Row>
-__device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdSharedStorage<Row>& smem,
-                                                   const BwdWork& work, int writer) {
+template <int Row, class Work>
+__device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const Work& work,
+                                                   int writer) {
   using Config = BwdConfig<Row>;
   static_assert(!Config::kColumnSplit, "column-split rows add dQ from registers");
   // The slabs this warp takes alone (the pair's exchange takes them with its helpers: DqPairExchange::tile).
@@ -87,7 +87,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       }
       // Deterministic: every warpgroup's slab (each with its own counter, all with the same turn) is added before
       // one wait for the adds to be performed, so a tile costs the writer one round trip to L2, not one per slab.
-      const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work.n_block, m_block);
+      const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block);
 #pragma unroll 1
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
         take_slab(c);

@@ -18,19 +18,20 @@
 
 namespace fa4::sm90 {
 
-// Stores a 64 × N accumulator (rows from key_row0, head-dim columns from col0) times `factor`.
-template <ptx::WgmmaInput In, int N>
+// Stores a 64 × N accumulator (rows from key_row0 of the work's sequence, head-dim columns from col0) times
+// `factor`.
+template <ptx::WgmmaInput In, int N, class Work>
 __device__ __forceinline__ void store_key_rows(const StridedRows& t, const ptx::WgmmaAccumulator<N>& acc, float factor,
-                                               const BwdParams& p, const BwdWork& work, int64_t key_row0,
+                                               const BwdParams& p, const Work& work, int64_t key_row0,
                                                int col0 = 0) {
   const int thread = threadIdx.x % kWarpgroupThreads;
 #pragma unroll
   for (int i = 0; i < N / 2; i += 2) {
     const int64_t key = key_row0 + 8 * reg_row_half(i);
-    if (key >= p.seqlen_k) continue;
+    if (key >= work.seqlen_k(p)) continue;
     const int col = col0 + ptx::accumulator_col(thread, i);
-    uint16_t* dst = static_cast<uint16_t*>(t.data) + int64_t(work.batch) * t.stride_b + key * t.stride_s +
-                    int64_t(work.kv_head) * t.stride_h + col;
+    uint16_t* dst = static_cast<uint16_t*>(t.data) + int64_t(work.tensor_batch()) * t.stride_b +
+                    (work.k_row0() + key) * t.stride_s + int64_t(work.kv_head) * t.stride_h + col;
     const uint32_t packed = ptx::pack_rn<In>(acc.reg[i] * factor, acc.reg[i + 1] * factor);
     if (t.pairs_aligned) {
       *reinterpret_cast<uint32_t*>(dst) = packed;
@@ -61,13 +62,14 @@ __device__ __forceinline__ void stage_key_rows(uint8_t* tile, int tile_rows, int
 // through the CTA's K and V tiles (k_tile, v_tile: [chunks][tile_rows][128 B]) and TMA stores: every consumer
 // warpgroup first passes its last GEMM (they all read the whole tiles), then each writes its own rows and
 // chunks, and one thread stores them, waiting only until the stores have read shared memory (the global writes
-// finish after the CTA exits, under the next CTA's work). Rows past seqlen_k are clipped by the map.
-template <ptx::WgmmaInput In, int N>
-__device__ __forceinline__ void bwd_epilogue_role(const BwdParams& p, const BwdWork& work, int64_t first_key, int col0,
+// finish after the CTA exits, under the next CTA's work). Rows past seqlen_k are clipped by the map. Varlen work
+// stores per thread (a box would write past its sequence into the next one's rows).
+template <ptx::WgmmaInput In, int N, class Work>
+__device__ __forceinline__ void bwd_epilogue_role(const BwdParams& p, const Work& work, int64_t first_key, int col0,
                                                   const ptx::WgmmaAccumulator<N>& dk,
                                                   const ptx::WgmmaAccumulator<N>& dv, uint8_t* k_tile,
                                                   uint8_t* v_tile, int tile_rows, int consumer, int consumers) {
-  if (!p.dkv_tma) {
+  if (Work::kVarlen || !p.dkv_tma) {
     const int64_t key_row0 = first_key + ptx::accumulator_row(threadIdx.x % kWarpgroupThreads, 0);
     store_key_rows<In, N>(p.dk, dk, p.scale, p, work, key_row0, col0);
     store_key_rows<In, N>(p.dv, dv, 1.0f, p, work, key_row0, col0);

@@ -34,11 +34,13 @@ __device__ __forceinline__ BwdRole bwd_role_of(int warpgroup) {
   return warpgroup == 0 ? BwdRole::load : BwdRole::mma_epilogue;
 }
 
-template <ptx::WgmmaInput In, int Row>
+// Varlen: a CTA's key block and query tiles are its sequence's (work.cuh); never a CTA pair (the host refuses it).
+template <ptx::WgmmaInput In, int Row, bool Varlen>
 __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
   using Config = BwdConfig<Row>;
   BwdSharedStorage<Row>& smem = ptx::sw128_aligned_dynamic_smem<BwdSharedStorage<Row>>();
-  const bool paired = Config::kPairCapable && p.cluster_pair;
+  constexpr bool kPairCapable = Config::kPairCapable && !Varlen;
+  const bool paired = kPairCapable && p.cluster_pair;
   if (threadIdx.x == 0) {
     // K/V and each Q stage fill by TMA bytes after the producer's single arrival; a Q stage is free once every
     // consumer thread has released it (after the wgmma wait that ends the GEMMs' reads, and its own LSE₂/D reads)
@@ -57,7 +59,7 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
   }
   __syncthreads();
   if (paired) ptx::cluster_sync();  // the peer's barriers are initialised before anything signals them
-  const BwdWork work = bwd_work<Config::kBlockM, Config::kBlockN>(p);
+  const auto work = bwd_work<Config::kBlockM, Config::kBlockN, Varlen>(p);
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (bwd_role_of(warpgroup) == BwdRole::load) {
@@ -67,7 +69,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     if constexpr (!Config::kColumnSplit) {
       if (warp >= kDqWriterWarp && warp < kDqWriterWarp + dq_writers(p))
         bwd_dq_writer_role<Row>(p, smem, work, warp - kDqWriterWarp);
-      if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, work, warp - kDqWriterWarp);
+      if constexpr (kPairCapable)
+        if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, work, warp - kDqWriterWarp);
     } else {
       if (warp >= kTurnHelperWarp && warp < kTurnHelperWarp + Config::kConsumerWarpgroups)
         bwd_dq_turn_helper_role<Row>(p, work, warp - kTurnHelperWarp);
@@ -103,10 +106,13 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
 }
 
 template <DType Dtype, int HeadDim>
-cudaError_t launch_instance(const BwdParams& p, uint32_t grid, cudaStream_t stream) {
+cudaError_t launch_instance(const BwdParams& p, bool varlen, uint32_t grid, cudaStream_t stream) {
   constexpr int kRow = bwd_row(HeadDim);
   static_assert(kRow >= 0, "a bwd head dim of instances.def has no row in kBwdTiles (bwd/config.hpp)");
-  return launch_with_dynamic_smem(bwd_kernel<wgmma_input<Dtype>(), kRow>, grid, BwdConfig<kRow>::kThreads,
+  if (varlen)
+    return launch_with_dynamic_smem(bwd_kernel<wgmma_input<Dtype>(), kRow, true>, grid, BwdConfig<kRow>::kThreads,
+                                    bwd_smem_bytes<kRow>(), stream, p, 1u);
+  return launch_with_dynamic_smem(bwd_kernel<wgmma_input<Dtype>(), kRow, false>, grid, BwdConfig<kRow>::kThreads,
                                   bwd_smem_bytes<kRow>(), stream, p, p.cluster_pair ? 2u : 1u);
 }
 
@@ -118,9 +124,10 @@ cudaError_t launch_instance(const BwdParams& p, uint32_t grid, cudaStream_t stre
 #define FA4_IF_bwd(...) __VA_ARGS__
 #define FA4_KERNEL(arch, pass, dtype, head_dim)                                      \
   FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
-                                  return launch_instance<DType::dtype, head_dim>(p, grid, stream);))
+                                  return launch_instance<DType::dtype, head_dim>(p, varlen, grid, stream);))
 
-cudaError_t launch_bwd_kernel(DType p_dtype, int p_head_dim, const BwdParams& p, uint32_t grid, cudaStream_t stream) {
+cudaError_t launch_bwd_kernel(DType p_dtype, int p_head_dim, const BwdParams& p, bool varlen, uint32_t grid,
+                              cudaStream_t stream) {
 #include "cuda/instances.def"
   return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch
 }

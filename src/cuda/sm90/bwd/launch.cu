@@ -82,23 +82,47 @@ void set_sinks(const detail::Problem& p, BwdPrePostParams& pp) {
 
 size_t backward_workspace_bytes(const detail::Problem& p) { return layout_of(p).bytes; }
 
-void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-              const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-              Workspace workspace, Stream stream) {
-  const char* call = "fa4::backward";
+namespace {
+
+// The backward of a dense batch (vl null) or of a variable-length one: then p is the problem of vl's sequence
+// count and longest sequences, the tensors are the packed rows as batch 1 ([1, total, heads, d]), lse the packed
+// [heads, total_q], and the metadata device arrays (trusted).
+void run_backward(const char* call, const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& out, const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk,
+                  const Tensor& dv, const Varlen* vl, Workspace workspace, Stream stream) {
   const int row = bwd_row(int(p.head_dim));
   if (row < 0)
     throw Error(Status::internal, std::string(call) + ": no backward tile row for head dim " + std::to_string(p.head_dim));
   const BwdTile& tile = kBwdTiles[row];
   const PairMode pair = pair_mode(call, tile, p);  // before any work: a bad override leaves nothing behind
+  if (vl != nullptr && pair.pair)
+    throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
+                                                         "variable-length batch (the CTA pair runs dense batches "
+                                                         "only), got '" + std::getenv("FA4_BWD_CLUSTER") + "'");
+  const bool helpers_asked = det_turn_helpers(call);  // read on every call: a bad value is refused anywhere
+  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
+  if (vl != nullptr && p.heads_q > 0) {
+    // Rows no sequence covers (and keys past seqused_k) get zero gradients, as on the CPU backend.
+    const DeviceGuard device(call, q.device_index);
+    const StridedRows dk_rows = strided_rows(dk), dv_rows = strided_rows(dv);
+    throw_if_cuda_error(call,
+                        launch_bwd_zero_uncovered(strided_rows(dq), nullptr, q.shape[kSeq], int32_t(p.heads_q),
+                                                  int32_t(p.head_dim), vl->cu_seqlens_q, nullptr, int32_t(vl->batch),
+                                                  cu_stream),
+                        "backward varlen zero-rows launch");
+    throw_if_cuda_error(call,
+                        launch_bwd_zero_uncovered(dk_rows, &dv_rows, k.shape[kSeq], int32_t(p.heads_kv),
+                                                  int32_t(p.head_dim), vl->cu_seqlens_k, vl->seqused_k,
+                                                  int32_t(vl->batch), cu_stream),
+                        "backward varlen zero-rows launch");
+  }
   if (p.batch == 0 || p.heads_q == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) {  // no dQ, dK or dV element
     if (p.dsinks != nullptr && p.heads_q > 0) {  // no row either: dsinks = 0
       const DeviceGuard device(call, q.device_index);
       BwdPrePostParams none;
       none.heads_q = int32_t(p.heads_q);
       set_sinks(p, none);
-      throw_if_cuda_error(call, launch_bwd_sink_gradient(none, 0, reinterpret_cast<cudaStream_t>(stream)),
-                          "backward sink-gradient launch");
+      throw_if_cuda_error(call, launch_bwd_sink_gradient(none, 0, cu_stream), "backward sink-gradient launch");
     }
     return;
   }
@@ -113,7 +137,6 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
                                          std::to_string(p.heads_q) + ", ...]");
 
   const DeviceGuard device(call, q.device_index);
-  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
   // The workspace: the caller's, or stream-ordered memory (freed on every path).
   std::optional<StreamOrderedBuffer> owned;
   uint8_t* base = static_cast<uint8_t*>(workspace.data);
@@ -137,9 +160,15 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
   pp.dout = strided_rows(dout);
   pp.dq = strided_rows(dq);
   pp.lse = static_cast<const float*>(lse.data);
-  pp.lse_stride_b = lse.stride[0];
-  pp.lse_stride_h = lse.stride[1];
-  pp.lse_stride_s = lse.stride[2];
+  if (vl != nullptr) {  // [heads, total_q]
+    pp.lse_stride_h = lse.stride[0];
+    pp.lse_stride_s = lse.stride[1];
+    pp.cu_seqlens_q = vl->cu_seqlens_q;
+  } else {
+    pp.lse_stride_b = lse.stride[0];
+    pp.lse_stride_h = lse.stride[1];
+    pp.lse_stride_s = lse.stride[2];
+  }
   pp.ws = ws;
   pp.seqlen_q = int32_t(p.seqlen_q);
   pp.heads_q = int32_t(p.heads_q);
@@ -157,7 +186,6 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
     BwdParams params;
     params.cluster_pair = pair.pair;
     params.pair_dq_exchange = pair.dq_exchange;
-    const bool helpers_asked = det_turn_helpers(call);  // read on every call: a bad value is refused anywhere
     params.det_turn_helpers = helpers_asked && tile.column_split && p.deterministic;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
@@ -166,16 +194,28 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
       const CoordSteps ds = map_tensor(dout, p.head_dim, box_rows, &params.dout_map);
       params.q_head_step = qs.head, params.q_batch_step = qs.batch;
       params.dout_head_step = ds.head, params.dout_batch_step = ds.batch;
+      if (vl != nullptr) {  // a sequence's last tile: its rows in 16-row and 1-row boxes (bwd/params.hpp)
+        map_tensor(q, p.head_dim, 16, &params.q_map16), map_tensor(q, p.head_dim, 1, &params.q_map1);
+        map_tensor(dout, p.head_dim, 16, &params.dout_map16), map_tensor(dout, p.head_dim, 1, &params.dout_map1);
+      }
     }
     const CoordSteps ks = map_tensor(k, p.head_dim, uint32_t(tile.block_n), &params.k_map);
     const CoordSteps vs = map_tensor(v, p.head_dim, uint32_t(tile.block_n), &params.v_map);
     params.k_head_step = ks.head, params.k_batch_step = ks.batch;
     params.v_head_step = vs.head, params.v_batch_step = vs.batch;
+    if (vl != nullptr) {
+      map_tensor(k, p.head_dim, 16, &params.k_map16), map_tensor(k, p.head_dim, 1, &params.k_map1);
+      map_tensor(v, p.head_dim, 16, &params.v_map16), map_tensor(v, p.head_dim, 1, &params.v_map1);
+      params.cu_seqlens_q = vl->cu_seqlens_q;
+      params.cu_seqlens_k = vl->cu_seqlens_k;
+      params.seqused_k = vl->seqused_k;
+    }
     params.ws = ws;
     params.dk = strided_rows(dk);
     params.dv = strided_rows(dv);
-    // dK/dV by TMA store through the K/V tiles (free by then) when both are TMA-addressable; else per thread.
-    if (tma_addressable(dk) && tma_addressable(dv)) {
+    // dK/dV by TMA store through the K/V tiles (free by then) when both are TMA-addressable; else per thread
+    // (always for a variable-length batch: a box would write past its sequence).
+    if (vl == nullptr && tma_addressable(dk) && tma_addressable(dv)) {
       map_tensor(dk, p.head_dim, uint32_t(kWgmmaM), &params.dk_map);
       map_tensor(dv, p.head_dim, uint32_t(kWgmmaM), &params.dv_map);
       params.dkv_tma = true;
@@ -195,19 +235,33 @@ void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const 
 #if FA4_TRACE
     params.trace = trace::begin_launch("sm90 bwd " + std::string(to_string(p.dtype)) + " d" +
                                            std::to_string(p.head_dim) + " tile " + std::to_string(tile.block_m) +
-                                           "x" + std::to_string(tile.block_n) +
+                                           "x" + std::to_string(tile.block_n) + (vl ? " varlen" : "") +
                                            (p.deterministic ? " deterministic" : "") +
                                            (pair.pair ? (pair.dq_exchange ? " pair" : " pair multicast-only") : ""),
                                        grid,
                                        bwd_trace_writer_names(bwd_consumer_warpgroups(tile)), cu_stream);
 #endif
     throw_if_cuda_error(call,
-                        launch_bwd_kernel(p.dtype, int(p.head_dim), params, grid, cu_stream),
+                        launch_bwd_kernel(p.dtype, int(p.head_dim), params, vl != nullptr, grid, cu_stream),
                         "sm_90a backward launch failed");
   }
   if (p.seqlen_q > 0)
     throw_if_cuda_error(call, launch_bwd_postprocess(p.dtype, pp, p.batch, cu_stream), "backward postprocess launch");
   if (owned) owned->free(call);
+}
+
+}  // namespace
+
+void backward(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+              const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+              Workspace workspace, Stream stream) {
+  run_backward("fa4::backward", p, q, k, v, out, dout, lse, dq, dk, dv, nullptr, workspace, stream);
+}
+
+void backward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     const Tensor& dout, const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                     const Varlen& varlen, Workspace workspace, Stream stream) {
+  run_backward("fa4::backward_varlen", p, q, k, v, out, dout, lse, dq, dk, dv, &varlen, workspace, stream);
 }
 
 }  // namespace fa4::sm90

@@ -42,8 +42,9 @@ __device__ __forceinline__ void load_tile_pair_half(uint8_t* smem_tile, const CU
   }
 }
 
-template <int Row>
-__device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const BwdWork& work) {
+// Varlen work: the sequence's rows of the packed tensors (batch 1), rows past its end as zeros.
+template <int Row, class Work>
+__device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const Work& work) {
   using Config = BwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
   if (!ptx::elect_one_sync()) return;
@@ -56,10 +57,18 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
   const auto kv_stage = cuda::producer_start_state<1>();
   kv_ring.producer_acquire(kv_stage);
   kv_ring.producer_expect_tx(kv_stage, 2 * Config::kKvTileBytes);
-  load_tile<HeadDim, BlockN>(smem.k, &p.k_map, work.n_block * BlockN, work.kv_head * p.k_head_step,
-                             work.batch * p.k_batch_step, kv_ring.full_barrier(kv_stage));
-  load_tile<HeadDim, BlockN>(smem.v, &p.v_map, work.n_block * BlockN, work.kv_head * p.v_head_step,
-                             work.batch * p.v_batch_step, kv_ring.full_barrier(kv_stage));
+  if constexpr (Work::kVarlen) {
+    const int32_t key0 = work.n_block * BlockN, keys = work.seqlen_k(p) - key0;  // > 0: the walk is not empty
+    load_tile_in_sequence<HeadDim, BlockN>(smem.k, &p.k_map, &p.k_map16, &p.k_map1, work.k_row0() + key0, keys,
+                                           work.kv_head * p.k_head_step, 0, kv_ring.full_barrier(kv_stage));
+    load_tile_in_sequence<HeadDim, BlockN>(smem.v, &p.v_map, &p.v_map16, &p.v_map1, work.k_row0() + key0, keys,
+                                           work.kv_head * p.v_head_step, 0, kv_ring.full_barrier(kv_stage));
+  } else {
+    load_tile<HeadDim, BlockN>(smem.k, &p.k_map, work.n_block * BlockN, work.kv_head * p.k_head_step,
+                               work.batch * p.k_batch_step, kv_ring.full_barrier(kv_stage));
+    load_tile<HeadDim, BlockN>(smem.v, &p.v_map, work.n_block * BlockN, work.kv_head * p.v_head_step,
+                               work.batch * p.v_batch_step, kv_ring.full_barrier(kv_stage));
+  }
   FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
 
   const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
@@ -73,7 +82,13 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
       q_ring.producer_expect_tx(stage, Config::kQStageBytes);
       uint64_t* full = q_ring.full_barrier(stage);
-      if (Config::kPairCapable && p.cluster_pair) {  // the stage's bytes: this CTA's halves and the peer's
+      if constexpr (Work::kVarlen) {
+        const int32_t row0 = m_block * BlockM, rows = work.seqlen_q(p) - row0;  // > 0: the tile is in the walk
+        load_tile_in_sequence<HeadDim, BlockM>(smem.q[stage.index], &p.q_map, &p.q_map16, &p.q_map1,
+                                               work.q_row0() + row0, rows, h * p.q_head_step, 0, full);
+        load_tile_in_sequence<HeadDim, BlockM>(smem.dout[stage.index], &p.dout_map, &p.dout_map16, &p.dout_map1,
+                                               work.q_row0() + row0, rows, h * p.dout_head_step, 0, full);
+      } else if (Config::kPairCapable && p.cluster_pair) {  // the stage's bytes: this CTA's halves and the peer's
         load_tile_pair_half<HeadDim, BlockM>(smem.q[stage.index], &p.q_map, m_block * BlockM, h * p.q_head_step,
                                              work.batch * p.q_batch_step, full, rank);
         load_tile_pair_half<HeadDim, BlockM>(smem.dout[stage.index], &p.dout_map, m_block * BlockM,

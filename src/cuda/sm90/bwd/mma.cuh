@@ -49,8 +49,8 @@ __device__ __forceinline__ void issue_dq(ptx::WgmmaAccumulator<BwdConfig<Row>::k
 }
 
 // The warpgroup's walk over the CTA's query tiles; on return dK (unscaled) and dV hold its keys' gradients.
-template <ptx::WgmmaInput In, int Row>
-__device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const BwdWork& work,
+template <ptx::WgmmaInput In, int Row, class Work>
+__device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const Work& work,
                                              int consumer, ptx::WgmmaAccumulator<BwdConfig<Row>::kHeadDim>& dk,
                                              ptx::WgmmaAccumulator<BwdConfig<Row>::kHeadDim>& dv,
                                              trace::Recorder& rec) {
@@ -84,8 +84,8 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       issue_qk<In, HeadDim, BlockM>(s, k_rows, kKvChunkBytes, q_tile);
       issue_qk<In, HeadDim, BlockM>(dp, v_rows, kKvChunkBytes, dout_tile);
       FA4_TRACE_RECORD(rec, trace::Kind::s_issue, m_block);
-      const bool masked = !tile_pair_fully_visible<BlockM, BlockN>(p.mask, m_block, work.n_block);
-      softmax_grad_tile<BlockM>(p, s, dp, smem.lse_log2[stage.index], smem.dsum[stage.index], key,
+      const bool masked = !tile_pair_fully_visible<BlockM, BlockN>(work.mask(p), m_block, work.n_block);
+      softmax_grad_tile<BlockM>(p, work, s, dp, smem.lse_log2[stage.index], smem.dsum[stage.index], key,
                                 int64_t(m_block) * BlockM, col_base, masked, rec, m_block);
       FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, m_block);
 
@@ -125,7 +125,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       // loads, and racecheck pairs a read with the producer's next bulk copy only through the reading thread's
       // own arrival (lane 0 releasing for its warp after a barrier was reported as a race).
       q_ring.consumer_release(stage);
-      if (Config::kPairCapable && p.cluster_pair) {  // the peer's producer wrote half of this stage: one per warp
+      if (Config::kPairCapable && !Work::kVarlen && p.cluster_pair) {  // the peer's producer wrote half: one per warp
         __syncwarp();
         if (threadIdx.x % 32 == 0) q_ring.consumer_release_peer(stage, ptx::cluster_ctarank() ^ 1u);
       }

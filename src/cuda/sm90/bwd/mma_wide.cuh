@@ -46,9 +46,9 @@ __device__ __forceinline__ void issue_ss_mn_b(ptx::WgmmaAccumulator<N>& acc, uin
   ptx::wgmma_commit_group();
 }
 
-template <ptx::WgmmaInput In, int Row, int Chunks>
-__device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedStorage<Row>& smem,
-                                                  const BwdWork& work, int consumer, int first_chunk) {
+template <ptx::WgmmaInput In, int Row, int Chunks, class Work>
+__device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedStorage<Row>& smem, const Work& work,
+                                                  int consumer, int first_chunk) {
   using Config = BwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
   constexpr int kQueries = Config::kScoreQueries, N = Chunks * 64;
@@ -90,8 +90,8 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         issue_qk<In, HeadDim, kQueries>(s, k_tile, kKvChunkBytes, q_tile + half_rows, kQChunkBytes);
         issue_qk<In, HeadDim, kQueries>(dp, v_tile, kKvChunkBytes, dout_tile + half_rows, kQChunkBytes);
         FA4_TRACE_RECORD(rec, trace::Kind::s_issue, m_block);
-        const bool masked = !tile_pair_fully_visible<BlockM, BlockN>(p.mask, m_block, work.n_block);
-        softmax_grad_tile<kQueries>(p, s, dp, smem.lse_log2[stage.index] + query_half,
+        const bool masked = !tile_pair_fully_visible<BlockM, BlockN>(work.mask(p), m_block, work.n_block);
+        softmax_grad_tile<kQueries>(p, work, s, dp, smem.lse_log2[stage.index] + query_half,
                                     smem.dsum[stage.index] + query_half, key,
                                     int64_t(m_block) * BlockM + query_half, col_base, masked, rec, m_block);
         FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, m_block);
@@ -127,7 +127,7 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         ptx::wgmma_wait_group<2>();  // dQ landed; dV and dK may still run
         ptx::wgmma_fence_operand(dq);
         FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_turn);  // deterministic: the turn; else the reds' issue
-        dq_adder.add(p, dq, pair, m_block, work.n_block);
+        dq_adder.add(p, work, dq, pair, m_block);
         FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
         FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
         ptx::wgmma_wait_group<0>();

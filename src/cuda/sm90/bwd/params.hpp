@@ -57,6 +57,17 @@ struct BwdParams {
   // Set only for deterministic column-split rows: helper warps pass the turns (dq_reduce.cuh; A/B candidate, off
   // by default: FA4_BWD_DET_HELPER=1).
   bool det_turn_helpers = false;
+  // Variable-length batches (the bwd_kernel<..., Varlen = true> instances only; null otherwise): q, dout, k, v,
+  // dk, dv are their packed rows mapped as batch 1; sequence b has query rows cu_seqlens_q[b] .. [b + 1] and keys
+  // from cu_seqlens_k[b] (seqused_k[b] of them when given, else up to cu_seqlens_k[b + 1]). batch above is the
+  // sequence count, seqlen_q / seqlen_k / mask / n_blocks the longest sequence's; each CTA takes its own
+  // (work.cuh, BwdVarlenWork). A tile's rows past its sequence load as zeros (16-row and 1-row boxes of the
+  // *_map16 / *_map1 maps, then out-of-bounds boxes): they belong to the next sequence or to no sequence, and a
+  // NaN there would reach dK and dV (dS = 0 times it), or dQ (through K and V).
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+  CUtensorMap q_map16, q_map1, dout_map16, dout_map1, k_map16, k_map1, v_map16, v_map1;  // boxes {64, 16 | 1, 1, 1}
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif
@@ -69,6 +80,9 @@ struct BwdPrePostParams {
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
   BwdWorkspace ws;
   int32_t seqlen_q = 0, heads_q = 0, head_dim = 0;
+  // Variable-length batches: out, dout, dq are packed [total_q, h, d] rows (batch strides 0), lse [h, total_q]
+  // (lse_stride_b 0), sequence b's rows from cu_seqlens_q[b] (device int32, batch + 1); seqlen_q is the longest.
+  const int32_t* cu_seqlens_q = nullptr;
   int32_t block_m = 64, turns_per_tile = 1;  // the main kernel's query tile and dq_turn counters per tile
   float scale = 1.0f;
   // Attention sinks (fp32 [heads_q], null: none) and their gradient (null: not requested), element strides.

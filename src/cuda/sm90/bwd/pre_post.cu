@@ -23,8 +23,11 @@ namespace {
 constexpr int kPreThreads = 256, kPostThreads = kWarpgroupThreads;  // post: one thread per accumulator owner
 constexpr int kRowsPerCta = kDqUnitRows;
 
+// The CTA's 64 rows of (batch, head) pair `pair`: rows < seqlen hold data, at tensor rows row0 + row of batch
+// `tensor_batch` (a variable-length batch: its sequence's rows of the packed tensors, batch 0).
 struct RowChunk {
   int64_t pair, batch, head, chunk, chunks;
+  int64_t seqlen, row0, tensor_batch;
 };
 __device__ __forceinline__ RowChunk row_chunk(const BwdPrePostParams& p) {
   RowChunk c;
@@ -33,6 +36,13 @@ __device__ __forceinline__ RowChunk row_chunk(const BwdPrePostParams& p) {
   c.pair = int64_t(blockIdx.x) / c.chunks;
   c.head = c.pair % p.heads_q;
   c.batch = c.pair / p.heads_q;
+  if (p.cu_seqlens_q != nullptr) {
+    c.row0 = p.cu_seqlens_q[c.batch];
+    c.seqlen = p.cu_seqlens_q[c.batch + 1] - c.row0;
+    c.tensor_batch = 0;
+  } else {
+    c.row0 = 0, c.seqlen = p.seqlen_q, c.tensor_batch = c.batch;
+  }
   return c;
 }
 
@@ -99,26 +109,26 @@ __device__ __forceinline__ void row_sums(const BwdPrePostParams& p, const RowChu
 #pragma unroll
       for (int k = 0; k < kMaxChunksPerLane; ++k) {
         const int col = 8 * (k * kLanesPerRow + lane);
-        if (row[pass] < p.seqlen_q && col < p.head_dim) {
-          o[pass][k] = load_chunk(p.out, c.batch, row[pass], c.head, col);
-          g[pass][k] = load_chunk(p.dout, c.batch, row[pass], c.head, col);
+        if (row[pass] < c.seqlen && col < p.head_dim) {
+          o[pass][k] = load_chunk(p.out, c.tensor_batch, c.row0 + row[pass], c.head, col);
+          g[pass][k] = load_chunk(p.dout, c.tensor_batch, c.row0 + row[pass], c.head, col);
         }
       }
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass)
 #pragma unroll
       for (int k = 0; k < kMaxChunksPerLane; ++k)
-        if (row[pass] < p.seqlen_q && 8 * (k * kLanesPerRow + lane) < p.head_dim)
+        if (row[pass] < c.seqlen && 8 * (k * kLanesPerRow + lane) < p.head_dim)
           sum[pass] = dot_chunk<Bf16>(o[pass][k], g[pass][k], sum[pass]);
   } else {
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass)
-      if (row[pass] < p.seqlen_q)
+      if (row[pass] < c.seqlen)
         for (int col0 = 8 * lane; col0 < p.head_dim; col0 += 8 * kLanesPerRow)
 #pragma unroll
           for (int col = col0; col < col0 + 8; col += 2) {
-            const float2 o = load_pair<Bf16>(p.out, c.batch, row[pass], c.head, col);
-            const float2 g = load_pair<Bf16>(p.dout, c.batch, row[pass], c.head, col);
+            const float2 o = load_pair<Bf16>(p.out, c.tensor_batch, c.row0 + row[pass], c.head, col);
+            const float2 g = load_pair<Bf16>(p.dout, c.tensor_batch, c.row0 + row[pass], c.head, col);
             sum[pass] = fmaf(o.y, g.y, fmaf(o.x, g.x, sum[pass]));
           }
   }
@@ -148,12 +158,13 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostPa
     const int64_t row = pass_row(c, pass);
     const int64_t index = c.pair * p.ws.rows_padded + row;
     float lse2 = INFINITY;  // padding rows and fully masked rows: P = exp2(x - inf) = 0
-    if (row < p.seqlen_q) {
-      const float lse = p.lse[c.batch * p.lse_stride_b + c.head * p.lse_stride_h + row * p.lse_stride_s];
+    if (row < c.seqlen) {
+      const float lse =
+          p.lse[c.tensor_batch * p.lse_stride_b + c.head * p.lse_stride_h + (c.row0 + row) * p.lse_stride_s];
       if (lse != -INFINITY) lse2 = lse * num::kLog2e;
     }
     p.ws.lse_log2[index] = lse2;
-    p.ws.dsum[index] = row < p.seqlen_q ? sum[pass] : 0.0f;
+    p.ws.dsum[index] = row < c.seqlen ? sum[pass] : 0.0f;
   }
 }
 
@@ -197,9 +208,9 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
           continue;
         }
         const int64_t row = c.chunk * kRowsPerCta + tile_row;
-        if (row >= p.seqlen_q) continue;
-        uint16_t* dst = static_cast<uint16_t*>(p.dq.data) + c.batch * p.dq.stride_b + row * p.dq.stride_s +
-                        c.head * p.dq.stride_h + col;
+        if (row >= c.seqlen) continue;
+        uint16_t* dst = static_cast<uint16_t*>(p.dq.data) + c.tensor_batch * p.dq.stride_b +
+                        (c.row0 + row) * p.dq.stride_s + c.head * p.dq.stride_h + col;
         if (p.dq.pairs_aligned) {
           *reinterpret_cast<uint32_t*>(dst) = bits;
         } else {
@@ -214,9 +225,9 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
   for (int i = thread; i < kRowsPerCta * chunks_per_row; i += kPostThreads) {
     const int tile_row = i / chunks_per_row, col = 8 * (i % chunks_per_row);
     const int64_t row = c.chunk * kRowsPerCta + tile_row;
-    if (row >= p.seqlen_q) continue;
-    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq.data) + c.batch * p.dq.stride_b + row * p.dq.stride_s +
-                              c.head * p.dq.stride_h + col) =
+    if (row >= c.seqlen) continue;
+    *reinterpret_cast<uint4*>(static_cast<uint16_t*>(p.dq.data) + c.tensor_batch * p.dq.stride_b +
+                              (c.row0 + row) * p.dq.stride_s + c.head * p.dq.stride_h + col) =
         *reinterpret_cast<const uint4*>(&rounded[tile_row * pitch + col]);
   }
 }
@@ -249,6 +260,45 @@ __global__ void __launch_bounds__(kSinkThreads) bwd_sink_gradient(const BwdPrePo
   p.dsinks[head * p.dsinks_stride] = float(0.0 - total);
 }
 
+// A variable-length batch's gradient rows that no sequence covers: a packed row r is covered by the last sequence
+// b with cu[b] <= r when r < cu[b] + its length (used[b], or cu[b + 1] - cu[b]). One warp per row: every lane
+// runs the same binary search (broadcast loads), then the warp zeroes the row's heads in column pairs.
+constexpr int kZeroThreads = 256, kZeroRowsPerCta = kZeroThreads / 32;
+
+__device__ __forceinline__ void zero_row(const StridedRows& t, int64_t row, int32_t heads, int32_t head_dim) {
+  uint16_t* base = static_cast<uint16_t*>(t.data) + row * t.stride_s;
+  for (int32_t i = int32_t(threadIdx.x % 32); i < heads * (head_dim / 2); i += 32) {
+    uint16_t* dst = base + int64_t(i / (head_dim / 2)) * t.stride_h + 2 * (i % (head_dim / 2));
+    if (t.pairs_aligned)
+      *reinterpret_cast<uint32_t*>(dst) = 0u;
+    else
+      dst[0] = dst[1] = 0;
+  }
+}
+
+__global__ void __launch_bounds__(kZeroThreads) bwd_zero_uncovered(const StridedRows a, const StridedRows b,
+                                                                   int64_t rows, int32_t heads, int32_t head_dim,
+                                                                   const int32_t* cu, const int32_t* used,
+                                                                   int32_t batch) {
+  const int64_t row = int64_t(blockIdx.x) * kZeroRowsPerCta + threadIdx.x / 32;
+  if (row >= rows) return;
+  int32_t lo = 0, hi = batch;  // the last b in [0, batch] with cu[b] <= row (lo), or none (cu[0] > row)
+  if (cu[0] > row) {
+    lo = -1;
+  } else {
+    while (lo < hi) {
+      const int32_t mid = (lo + hi + 1) / 2;
+      if (cu[mid] <= row) lo = mid; else hi = mid - 1;
+    }
+  }
+  if (lo >= 0 && lo < batch) {
+    const int64_t length = used != nullptr ? used[lo] : cu[lo + 1] - cu[lo];
+    if (row < cu[lo] + length) return;
+  }
+  zero_row(a, row, heads, head_dim);
+  if (b.data != nullptr) zero_row(b, row, heads, head_dim);
+}
+
 uint32_t row_chunk_grid(const BwdPrePostParams& p, int64_t batch) {
   return uint32_t(batch * p.heads_q * (p.ws.rows_padded / kRowsPerCta));
 }
@@ -267,6 +317,17 @@ cudaError_t launch_bwd_preprocess(DType dtype, const BwdPrePostParams& p, int64_
 cudaError_t launch_bwd_sink_gradient(const BwdPrePostParams& p, int64_t batch, cudaStream_t stream) {
   if (p.heads_q == 0) return cudaSuccess;
   bwd_sink_gradient<<<uint32_t(p.heads_q), kSinkThreads, 0, stream>>>(p, batch);
+  return cudaGetLastError();
+}
+
+cudaError_t launch_bwd_zero_uncovered(const StridedRows& a, const StridedRows* b, int64_t rows, int32_t heads,
+                                      int32_t head_dim, const int32_t* cu, const int32_t* used, int32_t batch,
+                                      cudaStream_t stream) {
+  if (rows == 0 || heads == 0) return cudaSuccess;
+  const StridedRows none;
+  const uint32_t grid = uint32_t((rows + kZeroRowsPerCta - 1) / kZeroRowsPerCta);
+  bwd_zero_uncovered<<<grid, kZeroThreads, 0, stream>>>(a, b != nullptr ? *b : none, rows, heads, head_dim, cu, used,
+                                                        batch);
   return cudaGetLastError();
 }
 

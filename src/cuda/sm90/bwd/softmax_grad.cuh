@@ -8,6 +8,7 @@
 #include "cuda/ptx/swizzle.hpp"
 #include "cuda/ptx/wgmma.cuh"
 #include "cuda/sm90/bwd/params.hpp"
+#include "cuda/sm90/bwd/work.cuh"
 #include "cuda/sm90/tiles.cuh"
 #include "cuda/trace/recorder.cuh"
 
@@ -20,8 +21,8 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 // Pᵀ and dSᵀ of one tile in place (s: Sᵀ -> Pᵀ, dp: dPᵀ -> dSᵀ), for this thread's key rows key[2] and the
 // tile's queries from query0 (col_base: this thread's column-pair offset). lse/dsum: the stage's LSE₂ and D.
 // Waits for the Sᵀ group, then for the dPᵀ group.
-template <int BlockM>
-__device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, ptx::WgmmaAccumulator<BlockM>& s,
+template <int BlockM, class Work>
+__device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, const Work& work, ptx::WgmmaAccumulator<BlockM>& s,
                                                   ptx::WgmmaAccumulator<BlockM>& dp, const float* lse,
                                                   const float* dsum, const int64_t (&key)[2], int64_t query0,
                                                   int col_base, bool masked, trace::Recorder& rec,
@@ -31,12 +32,13 @@ __device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, ptx::Wgmma
   // offsets (reg_col_in_pair_block) that see it, so each element costs two 32-bit compares.
   int32_t lo[2] = {0, 0}, hi[2] = {BlockM, BlockM};
   if (masked) {
+    const num::Mask& mask = work.mask(p);  // the sequence's (work.cuh)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t base = query0 + col_base;
-      int64_t first = p.mask.right >= 0 ? key[h] - p.mask.offset() - p.mask.right - base : -1;
-      int64_t last = p.mask.left >= 0 ? key[h] - p.mask.offset() + p.mask.left - base : BlockM;
-      if (key[h] >= p.seqlen_k) first = BlockM, last = -1;
+      int64_t first = mask.right >= 0 ? key[h] - mask.offset() - mask.right - base : -1;
+      int64_t last = mask.left >= 0 ? key[h] - mask.offset() + mask.left - base : BlockM;
+      if (key[h] >= work.seqlen_k(p)) first = BlockM, last = -1;
       lo[h] = int32_t(first < -1 ? -1 : (first > BlockM ? BlockM : first));
       hi[h] = int32_t(last < -1 ? -1 : (last > BlockM ? BlockM : last));
     }

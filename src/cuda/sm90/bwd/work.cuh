@@ -6,15 +6,44 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/sm90/bwd/params.hpp"
+#include "cuda/sm90/seq_geometry.hpp"
 
 namespace fa4::sm90 {
 
+// A CTA of a dense batch: the problem's sizes and mask, read from the parameters where they are used (constant
+// bank operands: no register held for them). The roles take the work as a template (`const Work&`), so a
+// variable-length CTA (BwdVarlenWork) answers the same questions with its sequence's values.
 struct BwdWork {
+  static constexpr bool kVarlen = false;
   int32_t n_block, kv_head, batch;
   int32_t m_begin = 0, m_end = 0;  // query tiles that see a key of the block; empty: dK = dV = 0
   __device__ __forceinline__ bool empty() const { return m_end <= m_begin; }
+  __device__ __forceinline__ const num::Mask& mask(const BwdParams& p) const { return p.mask; }
+  __device__ __forceinline__ int32_t seqlen_q(const BwdParams& p) const { return p.seqlen_q; }
+  __device__ __forceinline__ int32_t seqlen_k(const BwdParams& p) const { return p.seqlen_k; }
+  __device__ __forceinline__ int32_t n_blocks(const BwdParams& p) const { return p.n_blocks; }
+  // The tensors' coordinates of the sequence's first query and key rows, and of its batch.
+  __device__ __forceinline__ int32_t q_row0() const { return 0; }
+  __device__ __forceinline__ int32_t k_row0() const { return 0; }
+  __device__ __forceinline__ int32_t tensor_batch() const { return batch; }
+};
+
+// A CTA of a variable-length batch: `batch` is its sequence, whose rows start at geo's offsets in the packed
+// tensors (mapped and addressed as batch 1); the workspace is laid out as a dense batch of max_seqlen_q rows.
+struct BwdVarlenWork : BwdWork {
+  static constexpr bool kVarlen = true;
+  SeqGeometry geo;
+  int32_t seq_n_blocks = 0;  // the sequence's key blocks (key blocks from there on are empty CTAs)
+  __device__ __forceinline__ const num::Mask& mask(const BwdParams&) const { return geo.mask; }
+  __device__ __forceinline__ int32_t seqlen_q(const BwdParams&) const { return geo.seqlen_q; }
+  __device__ __forceinline__ int32_t seqlen_k(const BwdParams&) const { return geo.seqlen_k; }
+  __device__ __forceinline__ int32_t n_blocks(const BwdParams&) const { return seq_n_blocks; }
+  __device__ __forceinline__ int32_t q_row0() const { return geo.q_row0; }
+  __device__ __forceinline__ int32_t k_row0() const { return geo.k_row0; }
+  __device__ __forceinline__ int32_t tensor_batch() const { return 0; }
 };
 
 // The query rows [first, last] that see at least one key of key block n_block (first > last: none). Row i sees
@@ -23,38 +52,56 @@ struct BwdWork {
 struct RowInterval {
   int64_t first, last;
 };
-template <int BlockN>
-__device__ __forceinline__ RowInterval rows_seeing_key_block(const BwdParams& p, int32_t n_block) {
+template <int BlockN, class Work>
+__device__ __forceinline__ RowInterval rows_seeing_key_block(const BwdParams& p, const Work& work, int32_t n_block) {
   const int64_t key0 = int64_t(n_block) * BlockN;
-  const int64_t key_last = (key0 + BlockN < p.seqlen_k ? key0 + BlockN : int64_t(p.seqlen_k)) - 1;
-  const num::Mask& m = p.mask;
-  RowInterval r{0, int64_t(p.seqlen_q) - 1};
+  const int64_t seqlen_k = work.seqlen_k(p);
+  const int64_t key_last = (key0 + BlockN < seqlen_k ? key0 + BlockN : seqlen_k) - 1;
+  const num::Mask& m = work.mask(p);
+  RowInterval r{0, int64_t(work.seqlen_q(p)) - 1};
   if (m.right >= 0 && key0 - m.offset() - m.right > r.first) r.first = key0 - m.offset() - m.right;
   if (m.left >= 0 && key_last - m.offset() + m.left < r.last) r.last = key_last - m.offset() + m.left;
   if (key_last < key0) r.last = r.first - 1;
   return r;
 }
 
-template <int BlockM, int BlockN>
-__device__ __forceinline__ bool key_block_sees_query_tile(const BwdParams& p, int32_t n_block, int32_t m_block) {
-  const RowInterval r = rows_seeing_key_block<BlockN>(p, n_block);
+template <int BlockM, int BlockN, class Work>
+__device__ __forceinline__ bool key_block_sees_query_tile(const BwdParams& p, const Work& work, int32_t n_block,
+                                                          int32_t m_block) {
+  const RowInterval r = rows_seeing_key_block<BlockN>(p, work, n_block);
   return r.first <= r.last && r.first / BlockM <= m_block && m_block <= r.last / BlockM;
 }
 
-template <int BlockM, int BlockN>
-__device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
-  BwdWork w;
+// The CTA's work: dense (BwdWork) or, for the Varlen instances, its sequence's (BwdVarlenWork: the offsets read
+// from cu_seqlens_q/k and seqused_k; a key block past the sequence's keys is empty and stores nothing).
+template <int BlockM, int BlockN, bool Varlen>
+__device__ __forceinline__ auto bwd_work(const BwdParams& p) {
+  std::conditional_t<Varlen, BwdVarlenWork, BwdWork> w;
   const int32_t linear = int32_t(blockIdx.x);
   const int32_t slot = linear % p.n_block_slots;
-  w.n_block = p.deterministic ? p.n_block_slots - 1 - slot : slot;  // deterministic: the last first, see dq_turn_of
   w.kv_head = (linear / p.n_block_slots) % p.heads_kv;
   w.batch = linear / p.n_block_slots / p.heads_kv;
-  RowInterval r = rows_seeing_key_block<BlockN>(p, w.n_block);
-  if (p.cluster_pair) {
+  if constexpr (Varlen) {
+    SeqGeometry& g = w.geo;
+    g.q_row0 = p.cu_seqlens_q[w.batch];
+    g.seqlen_q = p.cu_seqlens_q[w.batch + 1] - g.q_row0;
+    g.k_row0 = p.cu_seqlens_k[w.batch];
+    g.seqlen_k = p.seqused_k != nullptr ? p.seqused_k[w.batch] : p.cu_seqlens_k[w.batch + 1] - g.k_row0;
+    g.mask = p.mask;  // the window sides (clamped on the longest sequence: still wide enough for this one)
+    g.mask.seqlen_q = g.seqlen_q;
+    g.mask.seqlen_k = g.seqlen_k;
+    w.seq_n_blocks = (g.seqlen_k + BlockN - 1) / BlockN;
+  }
+  // Deterministic: the last first, see dq_turn_of (a short sequence's slots past its keys come first and are
+  // empty; a block still waits only for blocks of higher index, launched before it).
+  w.n_block = p.deterministic ? p.n_block_slots - 1 - slot : slot;
+  if (Varlen && w.n_block >= w.n_blocks(p)) return w;  // past the sequence's keys: empty, stores nothing
+  RowInterval r = rows_seeing_key_block<BlockN>(p, w, w.n_block);
+  if (!Varlen && p.cluster_pair) {
     // A pair (blocks 2j, 2j + 1: consecutive CTAs, n_block_slots even) walks the union of its two ranges, so both
     // CTAs take every step of the shared Q/dO stages and dQ exchange; a tile a block does not see is all masked
     // (P = dS = 0: its dQ half is zeros, dK and dV are unchanged).
-    const RowInterval peer = rows_seeing_key_block<BlockN>(p, w.n_block ^ 1);
+    const RowInterval peer = rows_seeing_key_block<BlockN>(p, w, w.n_block ^ 1);
     if (r.first > r.last) {
       r = peer;
     } else if (peer.first <= peer.last) {
@@ -75,21 +122,22 @@ __device__ __forceinline__ BwdWork bwd_work(const BwdParams& p) {
 // its diagonal, whose walk starts there, so every CTA's first tile needs no wait and the chains advance together
 // (in ascending order, CTA n's first tile would wait for block 0 to walk down to it). Blocks are launched from the
 // last down (bwd_work), so a CTA waits only for CTAs launched before it: no CTA waits for one not yet resident.
-template <int BlockM, int BlockN>
-__device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, int32_t n_block, int32_t m_block) {
-  const num::Mask& m = p.mask;
+template <int BlockM, int BlockN, class Work>
+__device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, const Work& work, int32_t m_block) {
+  const num::Mask& m = work.mask(p);
+  const int32_t n_block = work.n_block, n_blocks = work.n_blocks(p);
   if (m.left < 0) {
     // No left window: every block up to the last one that row_last sees visits the tile.
-    if (m.right < 0) return p.n_blocks - 1 - n_block;
-    const int64_t row_last = (int64_t(m_block + 1) * BlockM < p.seqlen_q ? int64_t(m_block + 1) * BlockM
-                                                                         : int64_t(p.seqlen_q)) - 1;
+    if (m.right < 0) return n_blocks - 1 - n_block;
+    const int64_t seqlen_q = work.seqlen_q(p);
+    const int64_t row_last = (int64_t(m_block + 1) * BlockM < seqlen_q ? int64_t(m_block + 1) * BlockM : seqlen_q) - 1;
     const int64_t last_key = row_last + m.offset() + m.right;  // the last key row_last sees, if below seqlen_k
-    const int64_t last = last_key / BlockN < p.n_blocks - 1 ? last_key / BlockN : int64_t(p.n_blocks) - 1;
+    const int64_t last = last_key / BlockN < n_blocks - 1 ? last_key / BlockN : int64_t(n_blocks) - 1;
     return int32_t(last) - n_block;
   }
   // With a left window the visitors are at most window / block_n + 2 blocks: a short walk forward.
   int32_t last = n_block;
-  while (last + 1 < p.n_blocks && key_block_sees_query_tile<BlockM, BlockN>(p, last + 1, m_block)) ++last;
+  while (last + 1 < n_blocks && key_block_sees_query_tile<BlockM, BlockN>(p, work, last + 1, m_block)) ++last;
   return last - n_block;
 }
 
