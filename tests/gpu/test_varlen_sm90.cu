@@ -514,3 +514,20 @@ TEST(GpuVarlenSm90, BackwardRefusesTheCtaPairByName) {
 }
 
 }  // namespace
+
+namespace {
+
+// Small enough for compute-sanitizer (scripts/device-check's sanitizer filter): every tail kind, both modes.
+TEST(GpuVarlenSm90, BackwardSmall) {
+  REQUIRE_SM90();
+  VarlenCase c;
+  c.dtype = DType::bf16, c.head_dim = 128, c.heads_q = 2, c.heads_kv = 1;
+  c.len_q = {77, 0, 1, 130}, c.len_k = {45, 3, 1, 150}, c.used_k = {45, 3, 0, 131};
+  c.spare_q = 5, c.spare_k = 7;
+  c.options.causal = true;
+  check_varlen_backward(c);
+  c.options.deterministic = true, c.head_dim = 256, c.seed = 5;
+  check_varlen_backward(c);
+}
+
+}  // namespace
