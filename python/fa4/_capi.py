@@ -111,6 +111,8 @@ _SIGNATURES = {  # name: (restype, argtypes)
                                           ctypes.POINTER(ctypes.c_size_t)]),
     "fa4_supports": (ctypes.c_int, [ctypes.c_int, _TENSOR_P, _TENSOR_P, _TENSOR_P, _OPTIONS_P, ctypes.c_char_p,
                                     ctypes.c_size_t]),
+    "fa4_workspace_size_varlen": (ctypes.c_int, [ctypes.c_int, _TENSOR_P, _TENSOR_P, _TENSOR_P, _VARLEN_P,
+                                                 _OPTIONS_P, ctypes.POINTER(ctypes.c_size_t)]),
 }
 
 
@@ -350,6 +352,16 @@ def _workspace_size(pass_, q, k, v, options):
     size = ctypes.c_size_t(0)
     lib.check(lib.fa4_workspace_size(pass_, q, k, v,
                                      ctypes.byref(options), ctypes.byref(size)))
+    return size.value
+
+
+def workspace_size_varlen(pass_, q, k, v, varlen, options):
+    """The workspace bytes of a variable-length call (a function of the shapes, options and varlen's batch and
+    max_seqlen_q; the metadata are not read)."""
+    lib = library()
+    size = ctypes.c_size_t(0)
+    lib.check(lib.fa4_workspace_size_varlen(pass_, q, k, v, ctypes.byref(varlen), ctypes.byref(options),
+                                            ctypes.byref(size)))
     return size.value
 
 

@@ -310,10 +310,12 @@ def backward_varlen_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     grads, dsink, inputs, options = _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal,
                                                       window_left, window_right, softcap, deterministic)
     with _device_guard(q):
+        nbytes = _capi.workspace_size_varlen(_capi.BACKWARD, *inputs, varlen, options)
+        workspace = torch.empty(nbytes, dtype=torch.uint8, device=q.device) if nbytes else None  # as _workspace
         _capi.backward_varlen(*inputs, describe(call, "out", out), describe(call, "dout", dout),
                               describe(call, "lse", lse),
                               *(describe(call, name, g) for name, g in zip(("dq", "dk", "dv"), grads)), varlen,
-                              options, None, 0, _stream(q))
+                              options, None if workspace is None else workspace.data_ptr(), nbytes, _stream(q))
     return (*grads, dsink)
 
 
