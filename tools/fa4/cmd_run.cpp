@@ -116,7 +116,7 @@ Tensor varlen_lse_view(const Tensor& t) {
 
 // `fa4 run --varlen L1,L2,...`: one variable-length batch (sequence b has L_b queries and L_b keys) through
 // forward_varlen / backward_varlen, timed, and sampled rows of O and dQ checked against the fp64 reference of
-// their own sequence. The backend is the library's choice as for dense runs: today only the CPU runs varlen.
+// their own sequence. The backend is the library's choice as for dense runs (the GPU where it runs the call).
 void run_varlen(const RunArgs& a) {
   const ProblemArgs& pa = a.problem;
   const DType dtype = parse_dtype(pa.dtype);
@@ -145,14 +145,15 @@ void run_varlen(const RunArgs& a) {
   vl.max_seqlen_q = vl.max_seqlen_k = lens.empty() ? 0 : *std::max_element(lens.begin(), lens.end());
   const Tensor q3 = packed_view(q), k3 = packed_view(k), v3 = packed_view(v), out3 = packed_view(out);
 
-  // The GPU when it can run the forward (the varlen backward runs on the CPU backend only: with --pass auto it is
-  // then not run, with bwd or both the CPU runs the whole call); the metadata go to the device as an engine's do.
+  // The GPU when it can run the forward (and the backward, with --pass bwd or both; with auto a backward it
+  // cannot run is not run, saying why); the metadata go to the device as an engine's do.
   const bool require_bwd = a.pass == "bwd" || a.pass == "both";
   std::string why = a.backend == "cpu" ? "requested" : gpu::unavailable_reason();
   std::unique_ptr<gpu::Mirror> gq, gk, gv, gout, glse;
   std::unique_ptr<gpu::Buffer> gcu;
   Varlen gvl = vl;
   bool cuda = false;
+  std::string no_cuda_bwd;  // why the GPU does not run the backward (empty: it does)
   if (a.backend != "cpu" && why.empty()) {
     gq = std::make_unique<gpu::Mirror>(q), gk = std::make_unique<gpu::Mirror>(k), gv = std::make_unique<gpu::Mirror>(v);
     gcu = std::make_unique<gpu::Buffer>(cu.size() * sizeof(int32_t));
@@ -167,7 +168,7 @@ void run_varlen(const RunArgs& a) {
     else if (require_bwd && !bwd.ok)
       why = bwd.reason;
     else
-      cuda = true, why = detail::cuda_devices()[0].name;
+      cuda = true, why = detail::cuda_devices()[0].name, no_cuda_bwd = bwd.ok ? "" : bwd.reason;
   }
   if (a.backend == "cuda" && !cuda) throw Error(Status::unsupported, "fa4 run: --backend cuda: " + why);
   if (cuda) {
@@ -176,9 +177,9 @@ void run_varlen(const RunArgs& a) {
     const Support fwd = supports_varlen(Pass::forward, q3, k3, v3, vl, opts);
     if (!fwd.ok) throw Error(fwd.code, fwd.reason);
   }
-  const bool do_bwd = a.pass != "fwd" && !cuda;
+  const bool do_bwd = a.pass != "fwd" && (!cuda || no_cuda_bwd.empty());
   fmt::print("backend   {} ({})\n", cuda ? "cuda" : "cpu", why.empty() ? "no GPU" : why);
-  if (cuda && a.pass == "auto") fmt::print("backward  not run on cuda: the varlen backward runs on the CPU backend only\n");
+  if (cuda && a.pass == "auto" && !do_bwd) fmt::print("backward  not run on cuda: {}\n", no_cuda_bwd);
   std::string shape = fmt::format("varlen b={} total={} lens [", lens.size(), total);
   for (size_t i = 0; i < lens.size() && i < 8; ++i) shape += fmt::format("{}{}", i ? ", " : "", lens[i]);
   shape += lens.size() > 8 ? ", ...]" : "]";
@@ -212,10 +213,22 @@ void run_varlen(const RunArgs& a) {
     dq = HostTensor::make(dtype, {1, total, h, d}), dk = HostTensor::make(dtype, {1, total, hk, d}),
     dv = HostTensor::make(dtype, {1, total, hk, d});
     for (auto* t : {&dq, &dk, &dv}) t->poison();
-    const double bsec = median_seconds([&] {
-      backward_varlen(q3, k3, v3, out3, packed_view(dout), lse, packed_view(dq), packed_view(dk), packed_view(dv), vl,
-                      bwd_opts);
-    }, a.iters);
+    double bsec = 0;
+    if (cuda) {
+      const gpu::Mirror gdout(dout), gdq(dq), gdk(dk), gdv(dv);
+      const Tensor glse_view = varlen_lse_view(glse->desc());
+      bsec = gpu::median_ms([&] {
+        backward_varlen(packed_view(gq->desc()), packed_view(gk->desc()), packed_view(gv->desc()),
+                        packed_view(gout->desc()), packed_view(gdout.desc()), glse_view, packed_view(gdq.desc()),
+                        packed_view(gdk.desc()), packed_view(gdv.desc()), gvl, bwd_opts);
+      }, a.iters) * 1e-3;
+      gdq.copy_to(dq), gdk.copy_to(dk), gdv.copy_to(dv);
+    } else {
+      bsec = median_seconds([&] {
+        backward_varlen(q3, k3, v3, out3, packed_view(dout), lse, packed_view(dq), packed_view(dk), packed_view(dv),
+                        vl, bwd_opts);
+      }, a.iters);
+    }
     print_timing("backward", bsec, fl_bwd, a.iters);
   }
 
