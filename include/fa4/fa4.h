@@ -99,7 +99,8 @@ fa4_status fa4_supports(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k,
 /* Variable-length batches (fa4.hpp's Varlen): q, out, dout, dq are [total_q, h, d] and k, v, dk, dv
  * [total_k, h_kv, d] (rank 3), lse is [h, total_q] (rank 2, fp32); sequence b owns rows cu_seqlens_q[b] ..
  * cu_seqlens_q[b + 1] - 1 of q and cu_seqlens_k[b] .. of k/v (the first seqused_k[b] when seqused_k is not
- * NULL). The offsets live where the tensors do; this version runs them on the CPU. */
+ * NULL). The offsets live where the tensors do: host arrays for CPU tensors, device arrays for CUDA tensors
+ * (both passes run on the sm_90a kernels). fa4_workspace_size_varlen gives the CUDA backward's workspace. */
 typedef struct fa4_varlen {
   const int32_t* cu_seqlens_q; /* [batch + 1] */
   const int32_t* cu_seqlens_k; /* [batch + 1] */

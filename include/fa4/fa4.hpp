@@ -147,7 +147,8 @@ Support supports_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tenso
                         const Options& options = {});
 
 // Bytes of workspace a variable-length call needs (0 on CPU tensors and for the forward; the CUDA backward's
-// dQ accumulator, LSE·log2e and D for varlen.batch sequences of max_seqlen_q rows). Reads no metadata.
+// dQ accumulator, LSE·log2e and D for varlen.batch sequences of max_seqlen_q rows each, padded to the tile:
+// about batch · heads · max_seqlen_q · (head_dim + 2) · 4 bytes). Reads no metadata.
 std::size_t workspace_size_varlen(Pass pass, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& varlen,
                                   const Options& options = {});
 

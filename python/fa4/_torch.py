@@ -356,9 +356,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     device; max_seqlen_q/k: the longest sequences. Options as flash_attn_func's, applied per sequence. Returns
     out, or (out, lse) with return_lse=True, lse float32 [heads, total_q]. learnable_sink as flash_attn_func's
     (one per head, shared by every sequence; its gradient sums over them). CPU tensors run on the CPU backend;
-    on CUDA tensors the forward runs the sm_90a varlen kernel (cu_seqlens are trusted, as FlashAttention does;
-    rows of no sequence are left as they are) and the backward raises fa4.UnsupportedError (CPU only for now).
-    num_splits as flash_attn_func's (0 or 1 on CUDA)."""
+    on CUDA tensors the sm_90a varlen kernels run both passes (cu_seqlens are trusted, as FlashAttention does;
+    the forward leaves rows of no sequence as they are, the backward gives them zero gradients). The CUDA
+    backward's workspace (from torch's allocator) is laid out per sequence at max_seqlen_q rows: about
+    batch · heads · max_seqlen_q · (head_dim + 2) · 4 bytes. num_splits as flash_attn_func's (0 or 1 on CUDA)."""
     call = "fa4.flash_attn_varlen_func"
     if dropout_p != 0.0:
         raise UnsupportedError(f"{call}: argument 'dropout_p': expected 0.0 (fa4 has no attention dropout), got "

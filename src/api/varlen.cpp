@@ -30,6 +30,14 @@ struct Sequence {
   int64_t q0, q_len, k0, k_len;
 };
 
+// Every packed tensor has a unit head_dim stride (the kernels and the CPU views read a row's head_dim elements
+// contiguously).
+void check_unit_head_dim(const char* call, const char* arg, const Tensor& t) {
+  if (t.shape[2] > 1 && t.stride[2] != 1)
+    fail(Status::invalid_argument, call, std::string(arg) + ".stride[2]", "1 (the head_dim elements contiguous)",
+         std::to_string(t.stride[2]));
+}
+
 void check_packed(const char* call, const char* arg, const Tensor& t, int64_t rows, int64_t heads, int64_t dim,
                   const Tensor& q) {
   if (t.rank != 3 || t.shape[0] != rows || t.shape[1] != heads || t.shape[2] != dim)
@@ -41,12 +49,14 @@ void check_packed(const char* call, const char* arg, const Tensor& t, int64_t ro
     fail(Status::invalid_argument, call, arg, std::string("the dtype and device of q (") + to_string(q.dtype) + " on " +
                                                   to_string(q.device) + ")",
          std::string(to_string(t.dtype)) + " on " + to_string(t.device));
+  check_unit_head_dim(call, arg, t);
 }
 
 // What every varlen call checks first: q, k, v packed and alike, a batch size, both offset arrays given (host
 // arrays for CPU tensors, device arrays for CUDA ones).
 void check_packed_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Varlen& vl) {
   if (q.rank != 3) fail(Status::invalid_argument, call, "q", "rank 3 [total_q, heads, head_dim]", shape3(q));
+  check_unit_head_dim(call, "q", q);
   if (k.rank != 3) fail(Status::invalid_argument, call, "k", "rank 3 [total_k, heads_kv, head_dim]", shape3(k));
   check_packed(call, "v", v, k.shape[0], k.shape[1], q.shape[2], q);
   check_packed(call, "k", k, k.shape[0], k.shape[1], q.shape[2], q);

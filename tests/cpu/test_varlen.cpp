@@ -176,6 +176,18 @@ TEST(Varlen, BadMetadataIsRefusedByName) {
   // Packed shapes and devices.
   Packed wrong(DType::f32, 9, 2, 32);
   EXPECT_THROW(fa4::forward_varlen(q.desc, k.desc, v.desc, wrong.desc, nullptr, vl), fa4::Error);
+  // A head_dim that is not contiguous (every other element of a wider row) is refused by name, in either pass.
+  Packed wide(q.desc.dtype, q.desc.shape[0], q.desc.shape[1], 2 * q.desc.shape[2]);
+  Tensor strided = wide.desc;
+  strided.shape[2] = q.desc.shape[2], strided.stride[2] = 2;
+  try {
+    fa4::forward_varlen(q.desc, k.desc, v.desc, strided, nullptr, vl);
+    ADD_FAILURE() << "a strided head_dim in out was accepted";
+  } catch (const fa4::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'out.stride[2]': expected 1"), std::string::npos) << e.what();
+  }
+  EXPECT_NE(fa4::supports_varlen(fa4::Pass::backward, strided, k.desc, v.desc, vl).reason.find("'q.stride[2]'"),
+            std::string::npos);
   Tensor on_gpu = q.desc;
   on_gpu.device = fa4::Device::cuda;
   const fa4::Support s = fa4::supports_varlen(fa4::Pass::forward, on_gpu, k.desc, v.desc, vl);

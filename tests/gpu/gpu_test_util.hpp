@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -57,6 +58,9 @@ inline std::vector<std::pair<fa4::DType, int>> compiled_instances(bool backward)
 #undef FA4_IF_bwd
   return rows;
 }
+
+// The dtype's unit roundoff (round to nearest) of a stored output element.
+inline double roundoff(fa4::DType dtype) { return dtype == fa4::DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
 
 // int32 metadata (cu_seqlens, page tables, ...) on the device, as an engine passes them.
 struct DeviceInts {

@@ -68,8 +68,6 @@ struct SinkCase : GpuCase {
   std::string name() const { return spec().name() + " sinks"; }
 };
 
-// The dtype's unit roundoff (round to nearest) of a stored output element.
-double roundoff(DType dtype) { return dtype == DType::bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11); }
 
 void check_sink_case(const SinkCase& c) {
   SCOPED_TRACE(c.name());

@@ -99,10 +99,11 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
                                                          "only), got '" + std::getenv("FA4_BWD_CLUSTER") + "'");
-  const bool helpers_asked = det_turn_helpers(call);  // read on every call: a bad value is refused anywhere
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
-  if (vl != nullptr && p.heads_q > 0) {
-    // Rows no sequence covers (and keys past seqused_k) get zero gradients, as on the CPU backend.
+  // A variable-length batch's rows that no sequence covers (and keys past seqused_k) get zero gradients, as on
+  // the CPU backend: launched once every check has passed (a refused call writes nothing).
+  auto zero_uncovered_rows = [&] {
+    if (vl == nullptr || p.heads_q == 0) return;
     const DeviceGuard device(call, q.device_index);
     const StridedRows dk_rows = strided_rows(dk), dv_rows = strided_rows(dv);
     throw_if_cuda_error(call,
@@ -115,8 +116,9 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
                                                   int32_t(p.head_dim), vl->cu_seqlens_k, vl->seqused_k,
                                                   int32_t(vl->batch), cu_stream),
                         "backward varlen zero-rows launch");
-  }
+  };
   if (p.batch == 0 || p.heads_q == 0 || (p.seqlen_q == 0 && p.seqlen_k == 0)) {  // no dQ, dK or dV element
+    zero_uncovered_rows();
     if (p.dsinks != nullptr && p.heads_q > 0) {  // no row either: dsinks = 0
       const DeviceGuard device(call, q.device_index);
       BwdPrePostParams none;
@@ -154,6 +156,8 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   ws.dsum = reinterpret_cast<float*>(base + layout.dsum);
   ws.dq_turn = reinterpret_cast<int32_t*>(base + layout.dq_turn);
   ws.rows_padded = int32_t(layout.rows_padded);
+  const bool helpers_asked = det_turn_helpers(call);  // read on every call: a bad value is refused anywhere
+  zero_uncovered_rows();
 
   BwdPrePostParams pp;
   pp.out = strided_rows(out);
