@@ -107,9 +107,12 @@ class DqPairExchange {
   }
 
  private:
+  // Reached from two call sites too (the writer's and the helpers' instances): the non-aligned form, as for
+  // dq_full (the aligned bar.sync failed synccheck on the H100, "divergent threads" in the writer warp, perf-log
+  // B13).
   __device__ static void meet() {
     __syncwarp();
-    ptx::named_barrier_sync(static_cast<uint32_t>(BwdBarrier::dq_adders), kDqAdderThreads);
+    ptx::named_barrier_sync_any_site(static_cast<uint32_t>(BwdBarrier::dq_adders), kDqAdderThreads);
   }
 
   BwdSharedStorage<Row>& smem_;
