@@ -390,7 +390,7 @@ TEST(GpuBackwardSm90, DeterministicSmall) {
   }
 }
 
-// The deterministic turn helpers of the column-split rows (FA4_BWD_DET_HELPER=1, an A/B candidate): right, the
+// The deterministic turn helpers of the column-split rows (the default; FA4_BWD_DET_HELPER=0 is off): right, the
 // same bits as the warpgroups passing the turns themselves (the adds happen in the same key-block order), and
 // bitwise repeatable; causal (a block's turn is not its index) and GQA.
 TEST(GpuBackwardSm90, DeterministicTurnHelpersMatchTheInlineTurns) {

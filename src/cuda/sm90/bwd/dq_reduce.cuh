@@ -130,7 +130,7 @@ class DqStager {
   bool first_ = true;
 };
 
-// Deterministic column-split rows with p.det_turn_helpers (the A/B candidate FA4_BWD_DET_HELPER=1): one helper
+// Deterministic column-split rows with p.det_turn_helpers (the default; FA4_BWD_DET_HELPER=0 is off): one helper
 // warp per consumer warpgroup (producer warps kTurnHelperWarp + c) runs the turn protocol beside its walk.
 inline constexpr int kTurnHelperWarp = 2;
 static_assert(kTurnHelperWarp + kBwdMaxConsumerWarpgroups <= 4, "the turn helpers are warps of the producer warpgroup");

@@ -24,7 +24,7 @@ namespace {
 
 // Warpgroup 0 produces (its warp 0 issues every load, its warp 1 adds the staged dQ slabs of key-split rows, its
 // warps 2 and 3 help with the CTA pair's dQ exchange, or pass the deterministic turns of column-split rows
-// (FA4_BWD_DET_HELPER), or idle; it gives registers back); warpgroups 1 .. block_n/64 each own 64 keys (column-split
+// (deterministic mode), or idle; it gives registers back); warpgroups 1 .. block_n/64 each own 64 keys (column-split
 // rows: warpgroups 1 and 2 share them).
 enum class BwdRole { load, mma_epilogue };
 // Warps of the producer warpgroup: the load warp, the dQ writers (kDqWriterWarp + w), the pair's adders.

@@ -55,12 +55,14 @@ PairMode pair_mode(const char* call, const BwdTile& tile, const detail::Problem&
                                             value + "'");
 }
 
-// A/B candidate (perf-log B13): FA4_BWD_DET_HELPER=1 gives deterministic column-split rows their turn-helper warps
-// (dq_reduce.cuh). Off unless set; any value but 0 or 1 is an error, not a silent default.
+// Deterministic column-split rows pass their dQ turns in helper warps (dq_reduce.cuh): on by default since
+// perf-log B13 (H100, 0f10237's tree: deterministic d = 256 +28% at 2k, +50% at 8k). FA4_BWD_DET_HELPER=0 (the
+// warpgroups pass the turns themselves) stays for A/B runs and the test that compares the two; any value but 0
+// or 1 is an error, not a silent default.
 bool det_turn_helpers(const char* call) {
   const char* env = std::getenv("FA4_BWD_DET_HELPER");
-  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
-  if (std::string(env) == "1") return true;
+  if (env == nullptr || *env == '\0' || std::string(env) == "1") return true;
+  if (std::string(env) == "0") return false;
   throw Error(Status::invalid_argument,
               std::string(call) + ": environment FA4_BWD_DET_HELPER: expected 0 or 1, got '" + env + "'");
 }

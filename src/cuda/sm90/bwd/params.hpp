@@ -54,8 +54,8 @@ struct BwdParams {
   num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
   float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)
   bool deterministic = false; // dQ slabs added in key-block order (ws.dq_turn), bitwise reproducible
-  // Set only for deterministic column-split rows: helper warps pass the turns (dq_reduce.cuh; A/B candidate, off
-  // by default: FA4_BWD_DET_HELPER=1).
+  // Set only for deterministic column-split rows: helper warps pass the turns (dq_reduce.cuh; the default,
+  // FA4_BWD_DET_HELPER=0 turns it off).
   bool det_turn_helpers = false;
   // Variable-length batches (the bwd_kernel<..., Varlen = true> instances only; null otherwise): q, dout, k, v,
   // dk, dv are their packed rows mapped as batch 1; sequence b has query rows cu_seqlens_q[b] .. [b + 1] and keys
