@@ -548,6 +548,56 @@ def test_varlen_forward_on_cuda_matches_the_cpu_path(causal):
         assert err <= 2e-2 * max(1.0, scale), f"d{name}: max |cuda - cpu| = {err} (max |cpu| = {scale})"
 
 
+def varlen_inputs(seed):
+    """Packed bf16 q, k, v, dout on CUDA for ragged lengths (0 and 1 among them, keys past seqused_k), the device
+    metadata, and the longest lengths."""
+    lengths_q, lengths_k, used_k = [5, 0, 1, 130, 77], [9, 3, 1, 140, 77], [9, 0, 1, 120, 77]
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lengths_q), 4, 128, generator=gen).to(torch.bfloat16).cuda().requires_grad_()
+    k = torch.randn(sum(lengths_k), 2, 128, generator=gen).to(torch.bfloat16).cuda().requires_grad_()
+    v = torch.randn(sum(lengths_k), 2, 128, generator=gen).to(torch.bfloat16).cuda().requires_grad_()
+    dout = torch.randn(sum(lengths_q), 4, 128, generator=gen).to(torch.bfloat16).cuda()
+    cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lengths_q)]), dtype=torch.int32).cuda()
+    cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lengths_k)]), dtype=torch.int32).cuda()
+    used = torch.tensor(used_k, dtype=torch.int32).cuda()
+    return q, k, v, dout, cu_q, cu_k, used, max(lengths_q), max(used_k)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_backward_under_compile_and_in_a_cuda_graph(causal):
+    """flash_attn_varlen_func differentiated on CUDA (device cu_seqlens and seqused_k, as an engine passes them)
+    under torch.compile(fullgraph=True), and captured with its backward in one CUDA graph and replayed with new
+    values: the same numbers as eager (out bitwise, gradients within a few ulps)."""
+    require_kernels(torch.bfloat16, backward=True)
+    q, k, v, dout, cu_q, cu_k, used, max_q, max_k = varlen_inputs(21)
+
+    def step(q, k, v, dout):
+        out = fa4.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, seqused_k=used)
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    eager = step(q, k, v, dout)
+    assert all(torch.isfinite(t).all() for t in eager)
+    torch._dynamo.reset()
+    assert_same_computation(torch.compile(step, fullgraph=True)(q, k, v, dout), eager)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(q, k, v, dout)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(q, k, v, dout)
+    for replay in range(2):
+        new = varlen_inputs(22 + replay)
+        with torch.no_grad():
+            for static, fresh in zip((q, k, v, dout), new[:4]):
+                static.copy_(fresh)
+        graph.replay()
+        assert_same_computation(captured, step(q, k, v, dout))
+
+
 @pytest.mark.parametrize("page_size", [0, 16, 64], ids=["contiguous", "page16", "page64"])
 @pytest.mark.parametrize("num_splits", [0, 1, 4])
 def test_kvcache_decode_on_cuda_matches_the_cpu_backend(page_size, num_splits):
