@@ -71,12 +71,39 @@ struct VarlenCase {
   }
 };
 
+// A case's offsets on the host and the device, the fa4::Varlen of the device ones, and the [heads, total_q]
+// view of a [1, heads, total_q] lse.
+std::vector<int32_t> offsets(const std::vector<int32_t>& lengths) {
+  std::vector<int32_t> cu{0};
+  for (const int32_t n : lengths) cu.push_back(cu.back() + n);
+  return cu;
+}
+struct CaseMetadata {
+  explicit CaseMetadata(const VarlenCase& c)
+      : cu_q(offsets(c.len_q)), cu_k(offsets(c.len_k)), d_cu_q(cu_q), d_cu_k(cu_k), d_used(c.used_k) {
+    vl.cu_seqlens_q = d_cu_q.ptr, vl.cu_seqlens_k = d_cu_k.ptr;
+    vl.seqused_k = c.used_k.empty() ? nullptr : d_used.ptr;
+    vl.batch = int64_t(c.len_q.size());
+    for (size_t b = 0; b < c.len_q.size(); ++b) {
+      vl.max_seqlen_q = std::max<int64_t>(vl.max_seqlen_q, c.len_q[b]);
+      vl.max_seqlen_k = std::max<int64_t>(vl.max_seqlen_k, c.used_k.empty() ? c.len_k[b] : c.used_k[b]);
+    }
+  }
+  std::vector<int32_t> cu_q, cu_k;
+  DeviceInts d_cu_q, d_cu_k, d_used;
+  fa4::Varlen vl;
+};
+Tensor heads_by_rows(Tensor lse, int64_t heads, int64_t total_q) {
+  lse.rank = 2, lse.shape = {heads, total_q, 0, 0}, lse.stride = {total_q, 1, 0, 0};
+  return lse;
+}
+
 void check_varlen(const VarlenCase& c) {
   SCOPED_TRACE(c.name());
   const int64_t batch = int64_t(c.len_q.size());
-  std::vector<int32_t> cu_q{0}, cu_k{0};
-  for (int64_t b = 0; b < batch; ++b) cu_q.push_back(cu_q.back() + c.len_q[size_t(b)]);
-  for (int64_t b = 0; b < batch; ++b) cu_k.push_back(cu_k.back() + c.len_k[size_t(b)]);
+  const CaseMetadata meta(c);
+  const std::vector<int32_t>&cu_q = meta.cu_q, &cu_k = meta.cu_k;
+  const fa4::Varlen& vl = meta.vl;
   const int64_t total_q = cu_q.back() + c.spare_q, total_k = cu_k.back();
   auto q = HostTensor::make(c.dtype, {1, total_q, c.heads_q, c.head_dim});
   auto k = HostTensor::make(c.dtype, {1, total_k, c.heads_kv, c.head_dim});
@@ -106,17 +133,7 @@ void check_varlen(const VarlenCase& c) {
 
   DeviceCopy d_q(q, size_t(q.numel())), d_k(k, size_t(k.numel())), d_v(v, size_t(v.numel())),
       d_out(out, size_t(out.numel())), d_lse(lse, size_t(lse.numel()));
-  const DeviceInts d_cu_q(cu_q), d_cu_k(cu_k), d_used(c.used_k);
-  fa4::Varlen vl;
-  vl.cu_seqlens_q = d_cu_q.ptr, vl.cu_seqlens_k = d_cu_k.ptr;
-  vl.seqused_k = c.used_k.empty() ? nullptr : d_used.ptr;
-  vl.batch = batch;
-  for (int64_t b = 0; b < batch; ++b) {
-    vl.max_seqlen_q = std::max<int64_t>(vl.max_seqlen_q, c.len_q[size_t(b)]);
-    vl.max_seqlen_k = std::max<int64_t>(vl.max_seqlen_k, c.used_k.empty() ? c.len_k[size_t(b)] : c.used_k[size_t(b)]);
-  }
-  Tensor d_lse2 = d_lse.desc();  // [heads, total_q]
-  d_lse2.rank = 2, d_lse2.shape = {c.heads_q, total_q, 0, 0}, d_lse2.stride = {total_q, 1, 0, 0};
+  const Tensor d_lse2 = heads_by_rows(d_lse.desc(), c.heads_q, total_q);
   Options o = c.options;
   if (c.sinks) o.sinks = &sinks_dev;
   try {
@@ -282,9 +299,9 @@ void check_varlen_backward(const VarlenCase& c) {
   SCOPED_TRACE("backward " + c.name());
   const int failures_before = ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count();
   const int64_t batch = int64_t(c.len_q.size());
-  std::vector<int32_t> cu_q{0}, cu_k{0};
-  for (int64_t b = 0; b < batch; ++b) cu_q.push_back(cu_q.back() + c.len_q[size_t(b)]);
-  for (int64_t b = 0; b < batch; ++b) cu_k.push_back(cu_k.back() + c.len_k[size_t(b)]);
+  const CaseMetadata meta(c);
+  const std::vector<int32_t>&cu_q = meta.cu_q, &cu_k = meta.cu_k;
+  const fa4::Varlen& vl = meta.vl;
   const int64_t total_q = cu_q.back() + c.spare_q, total_k = cu_k.back() + c.spare_k;
   const int64_t hq = c.heads_q, hk = c.heads_kv, d = c.head_dim;
   auto q = HostTensor::make(c.dtype, {1, total_q, hq, d}), dout = HostTensor::make(c.dtype, {1, total_q, hq, d});
@@ -326,17 +343,7 @@ void check_varlen_backward(const VarlenCase& c) {
                   poisoned(HostTensor::make(c.dtype, {1, total_k, hk, d})), {}};
   DeviceCopy d_dq(got.dq, size_t(got.dq.numel())), d_dk(got.dk, size_t(got.dk.numel())),
       d_dv(got.dv, size_t(got.dv.numel()));
-  const DeviceInts d_cu_q(cu_q), d_cu_k(cu_k), d_used(c.used_k);
-  fa4::Varlen vl;
-  vl.cu_seqlens_q = d_cu_q.ptr, vl.cu_seqlens_k = d_cu_k.ptr;
-  vl.seqused_k = c.used_k.empty() ? nullptr : d_used.ptr;
-  vl.batch = batch;
-  for (int64_t b = 0; b < batch; ++b) {
-    vl.max_seqlen_q = std::max<int64_t>(vl.max_seqlen_q, c.len_q[size_t(b)]);
-    vl.max_seqlen_k = std::max<int64_t>(vl.max_seqlen_k, c.used_k.empty() ? c.len_k[size_t(b)] : c.used_k[size_t(b)]);
-  }
-  Tensor d_lse2 = d_lse.desc();  // [heads, total_q]
-  d_lse2.rank = 2, d_lse2.shape = {hq, total_q, 0, 0}, d_lse2.stride = {total_q, 1, 0, 0};
+  const Tensor d_lse2 = heads_by_rows(d_lse.desc(), c.heads_q, total_q);
   Options o = c.options;
   if (c.sinks) o.sinks = &sinks_dev;
   Options ob = o;
@@ -535,8 +542,7 @@ TEST(GpuVarlenSm90, BackwardRefusesTheCtaPairByName) {
       d_dk(q, size_t(q.numel())), d_dv(q, size_t(q.numel()));
   auto lse = HostTensor::make_lse({1, 2, 16});
   DeviceCopy d_lse(lse, size_t(lse.numel()));
-  Tensor lse2 = d_lse.desc();
-  lse2.rank = 2, lse2.shape = {2, 16, 0, 0}, lse2.stride = {16, 1, 0, 0};
+  const Tensor lse2 = heads_by_rows(d_lse.desc(), 2, 16);
   const DeviceInts cu(std::vector<int32_t>{0, 16});
   fa4::Varlen vl;
   vl.cu_seqlens_q = vl.cu_seqlens_k = cu.ptr, vl.batch = 1, vl.max_seqlen_q = vl.max_seqlen_k = 16;
