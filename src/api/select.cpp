@@ -62,6 +62,7 @@ void require_pass(const char* call, const Problem& p, Pass pass) {
   if (!sm90::has_backward_kernel(p.dtype, p.head_dim))
     unsupported(call, "a (dtype, head_dim) with a compiled CUDA backward kernel (" + compiled_kernels() + ")",
                 std::string("cuda tensors of dtype ") + to_string(p.dtype) + " with head_dim " + std::to_string(p.head_dim));
+  sm90::check_backward_overrides(call, p, /*varlen=*/false);
 #else
   (void)call;
 #endif

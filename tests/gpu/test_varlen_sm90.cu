@@ -547,6 +547,10 @@ TEST(GpuVarlenSm90, BackwardRefusesTheCtaPairByName) {
   fa4::Varlen vl;
   vl.cu_seqlens_q = vl.cu_seqlens_k = cu.ptr, vl.batch = 1, vl.max_seqlen_q = vl.max_seqlen_k = 16;
   setenv("FA4_BWD_CLUSTER", "1", 1);
+  const fa4::Support s = fa4::supports_varlen(fa4::Pass::backward, packed(d_q.desc()), packed(d_k.desc()),
+                                              packed(d_v.desc()), vl);  // says what the call does
+  EXPECT_FALSE(s.ok);
+  EXPECT_NE(s.reason.find("FA4_BWD_CLUSTER"), std::string::npos) << s.reason;
   try {
     fa4::backward_varlen(packed(d_q.desc()), packed(d_k.desc()), packed(d_v.desc()), packed(d_out.desc()),
                          packed(d_do.desc()), lse2, packed(d_dq.desc()), packed(d_dk.desc()), packed(d_dv.desc()), vl);

@@ -67,6 +67,20 @@ bool det_turn_helpers(const char* call) {
               std::string(call) + ": environment FA4_BWD_DET_HELPER: expected 0 or 1, got '" + env + "'");
 }
 
+// The environment overrides of one call, read once: a value the call cannot take is refused by name.
+struct Overrides {
+  PairMode pair;
+  bool turn_helpers = true;
+};
+Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
+  Overrides o{pair_mode(call, tile, p), det_turn_helpers(call)};
+  if (varlen && o.pair.pair)
+    throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
+                                                         "variable-length batch (the CTA pair runs dense batches "
+                                                         "only), got '" + std::getenv("FA4_BWD_CLUSTER") + "'");
+  return o;
+}
+
 BwdWorkspaceLayout layout_of(const detail::Problem& p) {
   return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q);
 }
@@ -84,6 +98,11 @@ void set_sinks(const detail::Problem& p, BwdPrePostParams& pp) {
 
 size_t backward_workspace_bytes(const detail::Problem& p) { return layout_of(p).bytes; }
 
+void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen) {
+  const int row = bwd_row(int(p.head_dim));
+  if (row >= 0) read_overrides(call, kBwdTiles[row], p, varlen);
+}
+
 namespace {
 
 // The backward of a dense batch (vl null) or of a variable-length one: then p is the problem of vl's sequence
@@ -96,11 +115,9 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   if (row < 0)
     throw Error(Status::internal, std::string(call) + ": no backward tile row for head dim " + std::to_string(p.head_dim));
   const BwdTile& tile = kBwdTiles[row];
-  const PairMode pair = pair_mode(call, tile, p);  // before any work: a bad override leaves nothing behind
-  if (vl != nullptr && pair.pair)
-    throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
-                                                         "variable-length batch (the CTA pair runs dense batches "
-                                                         "only), got '" + std::getenv("FA4_BWD_CLUSTER") + "'");
+  // Before any work: a bad override leaves nothing behind.
+  const Overrides overrides = read_overrides(call, tile, p, vl != nullptr);
+  const PairMode pair = overrides.pair;
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
   // A variable-length batch's rows that no sequence covers (and keys past seqused_k) get zero gradients, as on
   // the CPU backend: launched once every check has passed (a refused call writes nothing).
@@ -158,7 +175,6 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   ws.dsum = reinterpret_cast<float*>(base + layout.dsum);
   ws.dq_turn = reinterpret_cast<int32_t*>(base + layout.dq_turn);
   ws.rows_padded = int32_t(layout.rows_padded);
-  const bool helpers_asked = det_turn_helpers(call);  // read on every call: a bad value is refused anywhere
   zero_uncovered_rows();
 
   BwdPrePostParams pp;
@@ -192,7 +208,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     BwdParams params;
     params.cluster_pair = pair.pair;
     params.pair_dq_exchange = pair.dq_exchange;
-    params.det_turn_helpers = helpers_asked && tile.column_split && p.deterministic;
+    params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
       const uint32_t box_rows = uint32_t(params.cluster_pair ? bwd_pair_box_rows(tile) : tile.block_m);
