@@ -151,6 +151,27 @@ TEST(Cli, BenchWritesDecodeRows) {
   EXPECT_TRUE(has(fa4("bench --seqlen-q 0"), "--seqlen-q: must be >= 1, got 0"));
 }
 
+// One variable-length batch (lengths 0 and 1 among them, GQA, causal): "fwd-varlen" / "bwd-varlen" rows with the
+// lengths and the tokens; the dense sweep's shape options are refused beside it, not ignored.
+TEST(Cli, BenchWritesVarlenRows) {
+  const std::string path = ::testing::TempDir() + "fa4_bench_varlen.json";
+  const Result r = fa4("bench --varlen 70,0,1,33 --head-dim 32 --heads 4 --heads-kv 2 --mask causal --dtype bf16 "
+                       "--iters 1 --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto doc = nlohmann::json::parse(std::ifstream(path));
+  ASSERT_EQ(doc["rows"].size(), 2u);
+  const auto& f = doc["rows"][0];
+  EXPECT_EQ(f["pass"], "fwd-varlen");
+  EXPECT_EQ(f["lens"], "70,0,1,33");
+  EXPECT_EQ(f["tokens"], 104);
+  EXPECT_EQ(f["batch"], 4);
+  EXPECT_EQ(f["heads_kv"], 2);
+  EXPECT_TRUE(f["causal"].get<bool>());
+  EXPECT_GT(f["tflops"].get<double>(), 0.0);
+  EXPECT_EQ(doc["rows"][1]["pass"], "bwd-varlen");
+  EXPECT_TRUE(has(fa4("bench --varlen 10,20 --seqlen 64"), "--seqlen excludes --varlen"));
+}
+
 TEST(Cli, InfoAndExplain) {
   const Result i = fa4("info");
   EXPECT_EQ(i.code, 0);

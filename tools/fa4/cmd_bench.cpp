@@ -13,6 +13,7 @@
 #include "fa4/commands.hpp"
 #include "fa4/common.hpp"
 #include "fa4/gpu.hpp"
+#include "fa4/run_common.hpp"
 #include "api/device_info.hpp"
 
 namespace fa4::cli {
@@ -28,6 +29,7 @@ struct BenchArgs {
   int64_t heads_kv = 0;    // 0: = heads
   int64_t seqlen_q = 0;    // 0: = each seqlen (square); n: n queries against each seqlen of keys (1: decode)
   int64_t num_splits = 0;  // forward split-KV ranges (0: the backend's choice)
+  std::vector<int64_t> varlen;  // per-sequence lengths of one variable-length batch (queries = keys); empty: dense
   int iters = 3;
   std::string json_path, commit = "unknown";
   std::string backend = "cpu";
@@ -110,12 +112,116 @@ GpuTiming time_on_gpu(Pass pass, const Options& o, const testing::HostTensor& q,
   return t;
 }
 
-void bench(const BenchArgs& a) {
+// `fa4 bench --varlen L1,L2,...`: one variable-length batch (sequence b: L_b queries, L_b keys) per dtype, head
+// dim and mask through forward_varlen / backward_varlen, rows "fwd-varlen" / "bwd-varlen" with TFLOP/s over the
+// sequences' own work (nothing for padding). On the GPU, rotating device copies as time_on_gpu's, the offsets
+// on the device as an engine passes them.
+void bench_varlen(const BenchArgs& a, nlohmann::json& rows) {
+  const bool cuda = a.backend == "cuda";
+  std::vector<int32_t> cu{0};
+  for (int64_t n : a.varlen) {
+    if (cu.back() + n > std::numeric_limits<int32_t>::max())
+      throw Error(Status::invalid_argument, "fa4 bench: --varlen: expected lengths summing below 2^31");
+    cu.push_back(cu.back() + int32_t(n));
+  }
+  const int64_t total = cu.back(), hkv = a.heads_kv > 0 ? a.heads_kv : a.heads;
+  Varlen vl;
+  vl.cu_seqlens_q = vl.cu_seqlens_k = cu.data();
+  vl.batch = int64_t(a.varlen.size());
+  vl.max_seqlen_q = vl.max_seqlen_k = *std::max_element(a.varlen.begin(), a.varlen.end());
+  std::unique_ptr<gpu::Buffer> d_cu;
+  Varlen dvl = vl;
+  if (cuda) {
+    d_cu = std::make_unique<gpu::Buffer>(cu.size() * sizeof(int32_t));
+    d_cu->upload(cu.data(), cu.size() * sizeof(int32_t));
+    dvl.cu_seqlens_q = dvl.cu_seqlens_k = static_cast<const int32_t*>(d_cu->data());
+  }
+  Progress progress("bench", static_cast<int>(a.passes.size() * a.dtypes.size() * a.head_dims.size() * a.masks.size()));
+  std::string lens;
+  for (size_t i = 0; i < a.varlen.size(); ++i) lens += fmt::format("{}{}", i ? "," : "", a.varlen[i]);
+  for (const auto& dt : a.dtypes)
+    for (int64_t d : a.head_dims)
+      for (const auto& mask : a.masks) {
+        const DType dtype = parse_dtype(dt);
+        Options o;
+        o.causal = mask == "causal";
+        const Options bwd_o = backward_options(o);
+        using testing::HostTensor;
+        auto q = HostTensor::make(dtype, {1, total, a.heads, d}), k = HostTensor::make(dtype, {1, total, hkv, d}),
+             v = HostTensor::make(dtype, {1, total, hkv, d}), out = HostTensor::make(dtype, {1, total, a.heads, d}),
+             dout = HostTensor::make(dtype, {1, total, a.heads, d}), dq = HostTensor::make(dtype, {1, total, a.heads, d}),
+             dk = HostTensor::make(dtype, {1, total, hkv, d}), dv = HostTensor::make(dtype, {1, total, hkv, d});
+        auto lse = HostTensor::make_lse({1, a.heads, total});
+        q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), dout.fill_normal(4);
+        struct Set {  // one call's tensors: packed views of host tensors or of their device mirrors
+          std::vector<std::unique_ptr<gpu::Mirror>> mirrors;
+          Tensor q, k, v, out, lse, dout, dq, dk, dv;
+        };
+        auto make_set = [&](bool on_gpu) {
+          auto s = std::make_unique<Set>();
+          auto view = [&](const HostTensor& h) {
+            if (!on_gpu) return h.desc();
+            s->mirrors.push_back(std::make_unique<gpu::Mirror>(h));
+            return s->mirrors.back()->desc();
+          };
+          s->q = packed_view(view(q)), s->k = packed_view(view(k)), s->v = packed_view(view(v));
+          s->out = packed_view(view(out)), s->lse = varlen_lse_view(view(lse)), s->dout = packed_view(view(dout));
+          s->dq = packed_view(view(dq)), s->dk = packed_view(view(dk)), s->dv = packed_view(view(dv));
+          return s;
+        };
+        std::vector<std::unique_ptr<Set>> sets;
+        sets.push_back(make_set(cuda));
+        if (cuda) {
+          std::size_t set_bytes = 0;
+          for (const auto* h : {&q, &k, &v, &out, &lse, &dout, &dq, &dk, &dv}) set_bytes += h->storage().size();
+          const std::size_t l2 = gpu::l2_bytes() ? gpu::l2_bytes() : std::size_t(60) << 20;
+          while (sets.size() < std::max<std::size_t>(2, 2 * l2 / std::max<std::size_t>(set_bytes, 1) + 1))
+            sets.push_back(make_set(true));
+        }
+        const Varlen& meta = cuda ? dvl : vl;
+        for (const auto& s : sets) forward_varlen(s->q, s->k, s->v, s->out, &s->lse, meta, o);  // O, LSE
+        for (const auto& pass_name : a.passes) {
+          const Pass pass = pass_name == "fwd" ? Pass::forward : Pass::backward;
+          progress.step(fmt::format("{}-varlen {} d={} {}", pass_name, dt, d, mask));
+          const Set& first = *sets.front();
+          const Support sup = supports_varlen(pass, first.q, first.k, first.v, meta, pass == Pass::forward ? o : bwd_o);
+          if (!sup.ok) {
+            fmt::print("{:<10} {:<5} {:>4} {:<7} not run: {}\n", pass_name + "-varlen", dt, d, mask, sup.reason);
+            continue;
+          }
+          // The caller's workspace (the CUDA backward's), allocated once and shared by the calls.
+          std::unique_ptr<gpu::Buffer> ws;
+          if (cuda) ws = std::make_unique<gpu::Buffer>(workspace_size_varlen(pass, first.q, first.k, first.v, meta, bwd_o));
+          const Workspace workspace = ws ? ws->workspace() : Workspace{};
+          std::vector<std::function<void()>> calls;
+          for (const auto& sp : sets) {
+            const Set& s = *sp;
+            calls.push_back([&s, &meta, &o, &bwd_o, workspace, pass] {
+              if (pass == Pass::forward)
+                forward_varlen(s.q, s.k, s.v, s.out, &s.lse, meta, o);
+              else
+                backward_varlen(s.q, s.k, s.v, s.out, s.dout, s.lse, s.dq, s.dk, s.dv, meta, bwd_o, workspace);
+            });
+          }
+          const double sec = cuda ? gpu::median_ms(calls, a.iters) * 1e-3 : median_seconds(calls.front(), a.iters);
+          double flops = 0;
+          for (int64_t n : a.varlen) flops += attention_flops(1, a.heads, n, n, d, o, pass);
+          const double tflops = flops / sec / 1e12;
+          fmt::print("{:<10} {:<5} {:>4} {:<7} {:>11.3f} {:>9.4f}  ({} sequences, {} tokens)\n", pass_name + "-varlen", dt,
+                     d, mask, sec * 1e3, tflops, a.varlen.size(), total);
+          std::fflush(stdout);
+          rows.push_back({{"impl", cuda ? "fa4-cuda" : "fa4-cpu"}, {"dtype", dt}, {"d", d}, {"seqlen", vl.max_seqlen_q},
+                          {"batch", vl.batch}, {"heads", a.heads}, {"heads_kv", hkv}, {"causal", o.causal},
+                          {"pass", pass_name + "-varlen"}, {"lens", lens}, {"tokens", total}, {"tflops", tflops},
+                          {"ms", sec * 1e3}});
+        }
+      }
+}
+
+// The dense sweep: every (dtype, head dim, seqlen, mask, pass).
+void bench_dense(const BenchArgs& a, nlohmann::json& rows) {
   using nlohmann::json;
   const bool cuda = a.backend == "cuda";
-  if (cuda && !gpu::unavailable_reason().empty())
-    throw Error(Status::unsupported, "fa4 bench: --backend cuda: " + gpu::unavailable_reason());
-  json rows = json::array();
   const int total = static_cast<int>(a.passes.size() * a.dtypes.size() * a.seqlens.size() * a.head_dims.size() * a.masks.size());
   Progress progress("bench", total);
   fmt::print("{:<6} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11} {:>9}\n", "pass", "dtype", "d", "seqlen", "batch", "heads",
@@ -178,6 +284,20 @@ void bench(const BenchArgs& a) {
             rows.push_back(row);
           }
         }
+}
+
+void bench(const BenchArgs& a) {
+  using nlohmann::json;
+  const bool cuda = a.backend == "cuda";
+  if (cuda && !gpu::unavailable_reason().empty())
+    throw Error(Status::unsupported, "fa4 bench: --backend cuda: " + gpu::unavailable_reason());
+  json rows = json::array();
+  if (!a.varlen.empty()) {
+    fmt::print("{:<10} {:<5} {:>4} {:<7} {:>11} {:>9}\n", "pass", "dtype", "d", "mask", "ms", "TFLOP/s");
+    bench_varlen(a, rows);
+  } else {
+    bench_dense(a, rows);
+  }
   if (!a.json_path.empty()) {
     char date[32];
     const std::time_t now = std::time(nullptr);
@@ -208,6 +328,13 @@ void add_bench_command(CLI::App& app) {
   cmd->add_option("--num-splits", a->num_splits, "forward split-KV ranges (0: the backend's choice)")
       ->check(kAtLeastZero)
       ->capture_default_str();
+  CLI::Option* varlen = cmd->add_option("--varlen", a->varlen,
+                                        "one variable-length batch of these sequence lengths (queries = keys), "
+                                        "instead of the dense sweep: rows fwd-varlen / bwd-varlen")
+                            ->delimiter(',')
+                            ->check(kAtLeastZero);
+  // The batch and its lengths come from --varlen: these options would be ignored.
+  for (const char* other : {"--seqlen", "--batch", "--seqlen-q", "--num-splits"}) varlen->excludes(other);
   cmd->add_option("--iters", a->iters, "timed iterations (median)")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--json", a->json_path, "write results to this JSON file");
   cmd->add_option("--commit", a->commit, "commit id recorded in the JSON");

@@ -95,25 +95,6 @@ Tensor rows_of(const HostTensor& packed, int64_t row0, int64_t rows) {
   return t;
 }
 
-// The packed [total, heads, d] (rank 3) view of a [1, total, heads, d] tensor (host, or its device mirror).
-Tensor packed_view(const Tensor& t) {
-  Tensor p = t;
-  p.rank = 3;
-  p.shape = {t.shape[1], t.shape[2], t.shape[3], 1};
-  p.stride = {t.stride[1], t.stride[2], t.stride[3], 1};
-  return p;
-}
-Tensor packed_view(const HostTensor& t) { return packed_view(t.desc()); }
-
-// The [heads, total] varlen lse of a [1, heads, total] lse tensor.
-Tensor varlen_lse_view(const Tensor& t) {
-  Tensor l = t;
-  l.rank = 2;
-  l.shape = {t.shape[1], t.shape[2], 1, 1};
-  l.stride = {t.stride[1], t.stride[2], 0, 0};
-  return l;
-}
-
 // `fa4 run --varlen L1,L2,...`: one variable-length batch (sequence b has L_b queries and L_b keys) through
 // forward_varlen / backward_varlen, timed, and sampled rows of O and dQ checked against the fp64 reference of
 // their own sequence. The backend is the library's choice as for dense runs (the GPU where it runs the call).

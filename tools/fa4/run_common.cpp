@@ -43,4 +43,23 @@ void print_check(bool ok, const std::string& what, double tol, bool finite) {
   if (!ok) set_exit_code(1);
 }
 
+// The packed [total, heads, d] (rank 3) view of a [1, total, heads, d] tensor (host, or its device mirror).
+Tensor packed_view(const Tensor& t) {
+  Tensor p = t;
+  p.rank = 3;
+  p.shape = {t.shape[1], t.shape[2], t.shape[3], 1};
+  p.stride = {t.stride[1], t.stride[2], t.stride[3], 1};
+  return p;
+}
+Tensor packed_view(const testing::HostTensor& t) { return packed_view(t.desc()); }
+
+// The [heads, total] varlen lse of a [1, heads, total] lse tensor.
+Tensor varlen_lse_view(const Tensor& t) {
+  Tensor l = t;
+  l.rank = 2;
+  l.shape = {t.shape[1], t.shape[2], 1, 1};
+  l.stride = {t.stride[1], t.stride[2], 0, 0};
+  return l;
+}
+
 }  // namespace fa4::cli

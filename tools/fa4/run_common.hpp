@@ -40,6 +40,12 @@ void print_timing(const char* pass, double seconds, double flops, int iters);
 // The check line; a failure sets the exit status.
 void print_check(bool ok, const std::string& what, double tol, bool finite);
 
+// The packed [total, heads, d] (rank 3) view of a [1, total, heads, d] tensor (host, or its device mirror), and
+// the [heads, total] varlen lse of a [1, heads, total] lse tensor (`fa4 run --varlen`, `fa4 bench --varlen`).
+Tensor packed_view(const Tensor& t);
+Tensor packed_view(const testing::HostTensor& t);
+Tensor varlen_lse_view(const Tensor& t);
+
 // `fa4 run --kvcache L1,L2,...` (run_kvcache.cpp).
 void run_kvcache(const RunArgs& a);
 
