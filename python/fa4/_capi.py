@@ -179,6 +179,7 @@ def library():
 
 
 _PACK_TENSOR = struct.Struct("@Piiii4q4q").pack  # fa4_tensor's layout (checked against Tensor at import)
+PACK_TENSOR = _PACK_TENSOR  # (data, dtype, device, device_index, rank, 4 sizes, 4 strides) -> descriptor bytes
 _ZEROS = (0, 0, 0, 0)
 
 
@@ -203,6 +204,9 @@ def tensor_struct(packed):
 
 def window_bounds(call, window_size):
     """(left, right) from FlashAttention's window_size: -1 (FA2/FA3) or None (FA4) means unbounded."""
+    if type(window_size) is tuple and len(window_size) == 2 and type(window_size[0]) is int \
+            and type(window_size[1]) is int:  # the common call (the default (-1, -1)): nothing to convert
+        return window_size
     try:
         left, right = window_size
     except (TypeError, ValueError):
