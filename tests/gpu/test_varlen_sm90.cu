@@ -98,8 +98,17 @@ Tensor heads_by_rows(Tensor lse, int64_t heads, int64_t total_q) {
   return lse;
 }
 
+// The current test's failures so far, and one case's line in the log (flushed: a time limit that kills the
+// process keeps what was printed).
+int failures() { return ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count(); }
+void print_case(const char* pass, const std::string& name, bool failed) {
+  std::printf("  %s%-*s %s\n", pass, 90 - int(std::strlen(pass)), name.c_str(), failed ? "FAIL" : "ok");
+  std::fflush(stdout);
+}
+
 void check_varlen(const VarlenCase& c) {
   SCOPED_TRACE(c.name());
+  const int failures_before = failures();
   const int64_t batch = int64_t(c.len_q.size());
   const CaseMetadata meta(c);
   const std::vector<int32_t>&cu_q = meta.cu_q, &cu_k = meta.cu_k;
@@ -184,8 +193,7 @@ void check_varlen(const VarlenCase& c) {
   for (int64_t r = cu_q.back(); r < total_q; ++r)
     for (int64_t e = 0; e < c.heads_q * c.head_dim; ++e) written += !std::isnan(ov[size_t(r * c.heads_q * c.head_dim + e)]);
   EXPECT_EQ(written, 0u) << "rows past the last sequence were written";
-  std::printf("  %-90s %s\n", c.name().c_str(), ::testing::Test::HasFailure() ? "FAIL" : "ok");
-  std::fflush(stdout);
+  print_case("", c.name(), failures() > failures_before);
 }
 
 TEST(GpuVarlenSm90, EveryInstanceEveryMask) {
@@ -297,7 +305,7 @@ struct VarlenGrads {
 
 void check_varlen_backward(const VarlenCase& c) {
   SCOPED_TRACE("backward " + c.name());
-  const int failures_before = ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count();
+  const int failures_before = failures();
   const int64_t batch = int64_t(c.len_q.size());
   const CaseMetadata meta(c);
   const std::vector<int32_t>&cu_q = meta.cu_q, &cu_k = meta.cu_k;
@@ -485,10 +493,7 @@ void check_varlen_backward(const VarlenCase& c) {
       bad += nonzero_rows(*vals, cu_k[b] + c.used_k[b], c.len_k[b] - c.used_k[b], hk * d);
   }
   EXPECT_EQ(bad, 0u) << "gradient elements of rows no sequence owns are not zero";
-  const bool failed =
-      ::testing::UnitTest::GetInstance()->current_test_info()->result()->total_part_count() > failures_before;
-  std::printf("  backward %-81s %s\n", c.name().c_str(), failed ? "FAIL" : "ok");
-  std::fflush(stdout);
+  print_case("backward ", c.name(), failures() > failures_before);
 }
 
 TEST(GpuVarlenSm90, BackwardEveryInstanceEveryMask) {
