@@ -38,6 +38,15 @@ def describe(call, name, t):
     return _capi.tensor(call, name, t.data_ptr() or None, code, device, index, t.shape, t.stride())
 
 
+def _tma_readable_dout(dout):
+    """dout's layout is autograd's choice, not the caller's (a broadcast from sum/mean, a view into a larger
+    gradient at any offset), and the GPU kernels read it with TMA (16-byte aligned base and strides, no broadcast
+    sequence): on CUDA they get a fresh contiguous copy unless it already is one (usually)."""
+    if dout.is_cuda and (not dout.is_contiguous() or dout.data_ptr() % 16 != 0):
+        return dout.clone(memory_format=torch.contiguous_format)
+    return dout
+
+
 def _unit_head_dim_stride(t):
     # fa4 reads head_dim contiguously; any other stride is free. FlashAttention copies in this case too.
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
@@ -155,11 +164,7 @@ def backward_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     learnable_sink)."""
     call = "fa4.flash_attn_func (backward)"
     dout, q, k, v, out = (_unit_head_dim_stride(t) for t in (dout, q, k, v, out))
-    if dout.device.type == "cuda" and (not dout.is_contiguous() or dout.data_ptr() % 16 != 0):
-        # dout's layout is autograd's choice, not the caller's (a broadcast from sum/mean, a view into a larger
-        # gradient at any offset), and the GPU kernels read it with TMA (16-byte aligned base and strides, no
-        # broadcast sequence): hand them a fresh contiguous copy. Usually it already is one.
-        dout = dout.clone(memory_format=torch.contiguous_format)
+    dout = _tma_readable_dout(dout)
     grads, dsink, inputs, options = _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal,
                                                       window_left, window_right, softcap, deterministic)
     with _device_guard(q):
@@ -308,6 +313,7 @@ def backward_varlen_op(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: 
     """(dq, dk, dv, dsink): contiguous, shaped as q, k, v; dsink float32 [heads] (empty without learnable_sink)."""
     call = "fa4.flash_attn_varlen_func (backward)"
     dout, q, k, v, out = (_unit_head_dim_stride(t) for t in (dout, q, k, v, out))
+    dout = _tma_readable_dout(dout)
     varlen = _varlen(call, q, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
     grads, dsink, inputs, options = _backward_outputs(call, q, k, v, learnable_sink, softmax_scale, causal,
                                                       window_left, window_right, softcap, deterministic)

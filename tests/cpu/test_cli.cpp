@@ -164,6 +164,10 @@ TEST(Cli, BenchWritesVarlenRows) {
   EXPECT_EQ(f["pass"], "fwd-varlen");
   EXPECT_EQ(f["lens"], "70,0,1,33");
   EXPECT_EQ(f["tokens"], 104);
+  EXPECT_EQ(f["n_seqs"], 4);
+  EXPECT_EQ(f["min_len"], 0);
+  EXPECT_EQ(f["max_len"], 70);
+  EXPECT_EQ(f["mean_len"], 26);
   EXPECT_EQ(f["batch"], 4);
   EXPECT_EQ(f["heads_kv"], 2);
   EXPECT_TRUE(f["causal"].get<bool>());

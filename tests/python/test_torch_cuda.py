@@ -566,19 +566,25 @@ def varlen_inputs(seed):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_backward_under_compile_and_in_a_cuda_graph(causal):
     """flash_attn_varlen_func differentiated on CUDA (device cu_seqlens and seqused_k, as an engine passes them)
-    under torch.compile(fullgraph=True), and captured with its backward in one CUDA graph and replayed with new
-    values: the same numbers as eager (out bitwise, gradients within a few ulps)."""
+    with its forward under torch.compile(fullgraph=True), and captured with its backward in one CUDA graph and
+    replayed with new values: the same numbers as eager (out bitwise, gradients within a few ulps); a broadcast
+    dout (autograd's layout for a sum) is taken too."""
     require_kernels(torch.bfloat16, backward=True)
     q, k, v, dout, cu_q, cu_k, used, max_q, max_k = varlen_inputs(21)
 
-    def step(q, k, v, dout):
-        out = fa4.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, seqused_k=used)
+    def attention(q, k, v):
+        return fa4.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, seqused_k=used)
+
+    def step(q, k, v, dout, forward=attention):
+        out = forward(q, k, v)
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
     eager = step(q, k, v, dout)
     assert all(torch.isfinite(t).all() for t in eager)
-    torch._dynamo.reset()
-    assert_same_computation(torch.compile(step, fullgraph=True)(q, k, v, dout), eager)
+    torch._dynamo.reset()  # autograd.grad stays outside the compiled region, as in the dense compile test
+    assert_same_computation(step(q, k, v, dout, forward=torch.compile(attention, fullgraph=True)), eager)
+    broadcast = dout[:1].expand(dout.shape)  # strides (0, d, 1): the sum over rows' gradient, as autograd hands it
+    assert all(torch.isfinite(t).all() for t in step(q, k, v, broadcast))
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

@@ -179,12 +179,16 @@ void bench_varlen(const BenchArgs& a, nlohmann::json& rows) {
             sets.push_back(make_set(true));
         }
         const Varlen& meta = cuda ? dvl : vl;
-        for (const auto& s : sets) forward_varlen(s->q, s->k, s->v, s->out, &s->lse, meta, o);  // O, LSE
+        const Set& first = *sets.front();
+        // O and LSE for the backward, where the forward runs (else every pass of this shape is "not run").
+        const Support fwd = supports_varlen(Pass::forward, first.q, first.k, first.v, meta, o);
+        if (fwd.ok)
+          for (const auto& s : sets) forward_varlen(s->q, s->k, s->v, s->out, &s->lse, meta, o);
         for (const auto& pass_name : a.passes) {
           const Pass pass = pass_name == "fwd" ? Pass::forward : Pass::backward;
           progress.step(fmt::format("{}-varlen {} d={} {}", pass_name, dt, d, mask));
-          const Set& first = *sets.front();
-          const Support sup = supports_varlen(pass, first.q, first.k, first.v, meta, pass == Pass::forward ? o : bwd_o);
+          const Support sup =
+              fwd.ok ? supports_varlen(pass, first.q, first.k, first.v, meta, pass == Pass::forward ? o : bwd_o) : fwd;
           if (!sup.ok) {
             fmt::print("{:<10} {:<5} {:>4} {:<7} not run: {}\n", pass_name + "-varlen", dt, d, mask, sup.reason);
             continue;
@@ -206,14 +210,17 @@ void bench_varlen(const BenchArgs& a, nlohmann::json& rows) {
           const double sec = cuda ? gpu::median_ms(calls, a.iters) * 1e-3 : median_seconds(calls.front(), a.iters);
           double flops = 0;
           for (int64_t n : a.varlen) flops += attention_flops(1, a.heads, n, n, d, o, pass);
-          const double tflops = flops / sec / 1e12;
+          const double tflops = sec > 0 ? flops / sec / 1e12 : 0.0;  // no work at all (every length 0): 0
           fmt::print("{:<10} {:<5} {:>4} {:<7} {:>11.3f} {:>9.4f}  ({} sequences, {} tokens)\n", pass_name + "-varlen", dt,
                      d, mask, sec * 1e3, tflops, a.varlen.size(), total);
           std::fflush(stdout);
+          // bench/varlen_bench.py's fields for the same pass label (n_seqs, min/max/mean_len), and the lengths.
           rows.push_back({{"impl", cuda ? "fa4-cuda" : "fa4-cpu"}, {"dtype", dt}, {"d", d}, {"seqlen", vl.max_seqlen_q},
                           {"batch", vl.batch}, {"heads", a.heads}, {"heads_kv", hkv}, {"causal", o.causal},
-                          {"pass", pass_name + "-varlen"}, {"lens", lens}, {"tokens", total}, {"tflops", tflops},
-                          {"ms", sec * 1e3}});
+                          {"pass", pass_name + "-varlen"}, {"lens", lens}, {"tokens", total}, {"n_seqs", vl.batch},
+                          {"min_len", *std::min_element(a.varlen.begin(), a.varlen.end())},
+                          {"max_len", vl.max_seqlen_q}, {"mean_len", (total + vl.batch / 2) / vl.batch},
+                          {"tflops", tflops}, {"ms", sec * 1e3}});
         }
       }
 }
