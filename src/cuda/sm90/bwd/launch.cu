@@ -41,18 +41,23 @@ struct PairMode {
   bool pair = false, dq_exchange = false;
 };
 PairMode pair_mode(const char* call, const BwdTile& tile, const detail::Problem& p) {
-  if (!bwd_pair_capable(tile) || p.deterministic) return {};
   // Off: on the H200 the pair ran at 0.63-0.70x of the single-CTA kernel (perf-log B8), so it stays an option.
   constexpr PairMode kDefault{};
   const char* env = std::getenv("FA4_BWD_CLUSTER");
-  if (env == nullptr || *env == '\0') return kDefault;
-  const std::string value(env);
-  if (value == "0") return {};
-  if (value == "1") return {true, true};
-  if (value == "multicast") return {true, false};
-  throw Error(Status::invalid_argument, std::string(call) +
-                                            ": environment FA4_BWD_CLUSTER: expected 0, 1 or multicast, got '" +
-                                            value + "'");
+  PairMode asked = kDefault;
+  if (env != nullptr && *env != '\0') {  // a bad value is refused whatever the call (not only where it applies)
+    const std::string value(env);
+    if (value == "1")
+      asked = {true, true};
+    else if (value == "multicast")
+      asked = {true, false};
+    else if (value != "0")
+      throw Error(Status::invalid_argument, std::string(call) +
+                                                ": environment FA4_BWD_CLUSTER: expected 0, 1 or multicast, got '" +
+                                                value + "'");
+  }
+  if (!bwd_pair_capable(tile) || p.deterministic) return {};
+  return asked;
 }
 
 // Deterministic column-split rows pass their dQ turns in helper warps (dq_reduce.cuh): on by default since
