@@ -445,12 +445,21 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
                  {"FA4_BWD_CLUSTER", "'yes'"});
+    fa4::Options det;  // also where the pair would not apply; and supports() says so beforehand
+    det.deterministic = true;
+    expect_error(fa4::Status::invalid_argument,
+                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc(), det); },
+                 {"FA4_BWD_CLUSTER", "'yes'"});
+    const fa4::Support s = fa4::supports(fa4::Pass::backward, x, x, x);
+    EXPECT_FALSE(s.ok);
+    EXPECT_NE(s.reason.find("FA4_BWD_CLUSTER"), std::string::npos) << s.reason;
   }
   {  // and of the deterministic turn helpers
     const EnvOverride bad("FA4_BWD_DET_HELPER", "yes");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
                  {"FA4_BWD_DET_HELPER", "'yes'"});
+    EXPECT_FALSE(fa4::supports(fa4::Pass::backward, x, x, x).ok);
   }
   fa4::Tensor x80 = x;  // a head dim without a CUDA kernel: refused, not sent to the CPU
   x80.shape = {1, 16, 2, 80};
