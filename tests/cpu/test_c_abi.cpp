@@ -146,6 +146,15 @@ TEST(CAbi, VarlenMatchesTheCppApi) {
   EXPECT_EQ(fa4_forward_varlen(&cq, &ck, &cvv, &cout, nullptr, nullptr, &o, nullptr, 0, nullptr),
             FA4_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fa4_last_error()).find("'varlen'"), std::string::npos) << fa4_last_error();
+  // The workspace query: none for CPU tensors (the CPU backend keeps its scratch), the C++ answer, NULLs named.
+  size_t bytes = 123;
+  ASSERT_EQ(fa4_workspace_size_varlen(FA4_BACKWARD, &cq, &ck, &cvv, &cv, &o, &bytes), FA4_OK) << fa4_last_error();
+  EXPECT_EQ(bytes, fa4::workspace_size_varlen(fa4::Pass::backward, tq, tk, tv, vl, oc));
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(fa4_workspace_size_varlen(FA4_BACKWARD, &cq, &ck, &cvv, &cv, &o, nullptr), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("'bytes'"), std::string::npos) << fa4_last_error();
+  EXPECT_EQ(fa4_workspace_size_varlen(FA4_BACKWARD, &cq, &ck, &cvv, nullptr, &o, &bytes), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("'varlen'"), std::string::npos) << fa4_last_error();
 }
 
 // Attention sinks through the C ABI: the same outputs and dsinks as the C++ API; a struct_size from before the
