@@ -147,6 +147,17 @@ void check_lse(const char* call, const Tensor& lse, const Tensor& q) {
          std::string(to_string(lse.dtype)) + " " + shape3(lse) + " on " + to_string(lse.device));
 }
 
+// A backward's out, dout and gradients packed like q and k, and its lse [heads, total_q].
+void check_backward_tensors(const char* call, const Tensor& q, const Tensor& k, const Tensor& out, const Tensor& dout,
+                            const Tensor& lse, const Tensor& dq, const Tensor& dk, const Tensor& dv) {
+  check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dout", dout, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dq", dq, q.shape[0], q.shape[1], q.shape[2], q);
+  check_packed(call, "dk", dk, k.shape[0], k.shape[1], k.shape[2], q);
+  check_packed(call, "dv", dv, k.shape[0], k.shape[1], k.shape[2], q);
+  check_lse(call, lse, q);
+}
+
 // Rows of a packed tensor that belong to no sequence (past the last offset, or keys past seqused_k) are outputs
 // too: zero them (all-zero bits are 0 in every dtype), so no element of an output is left unwritten.
 void zero_rows(const Tensor& t, int64_t row0, int64_t rows) {
@@ -263,12 +274,7 @@ void backward_varlen_device(const Tensor& q, const Tensor& k, const Tensor& v, c
                             const Options& options, Workspace workspace, Stream stream) {
   const char* call = "fa4::backward_varlen";
   const DeviceProblem d = check_device_inputs(call, Pass::backward, q, k, v, vl, options);
-  check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
-  check_packed(call, "dout", dout, q.shape[0], q.shape[1], q.shape[2], q);
-  check_packed(call, "dq", dq, q.shape[0], q.shape[1], q.shape[2], q);
-  check_packed(call, "dk", dk, k.shape[0], k.shape[1], k.shape[2], q);
-  check_packed(call, "dv", dv, k.shape[0], k.shape[1], k.shape[2], q);
-  check_lse(call, lse, q);
+  check_backward_tensors(call, q, k, out, dout, lse, dq, dk, dv);
   detail::check_gradients_apart(call, q, k, v, out, dout, lse, dq, dk, dv, options);
   const Tensor dout_rows = rows_view(dout, 0, q.shape[0]);
   detail::require_backward_layout(call, d.p, dout_rows);
@@ -316,12 +322,7 @@ void backward_varlen(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   if (q.device == Device::cuda)
     return backward_varlen_device(q, k, v, out, dout, lse, dq, dk, dv, varlen, options, workspace, stream);
   const std::vector<Sequence> seqs = sequences(call, q, k, v, varlen);
-  check_packed(call, "out", out, q.shape[0], q.shape[1], q.shape[2], q);
-  check_packed(call, "dout", dout, q.shape[0], q.shape[1], q.shape[2], q);
-  check_packed(call, "dq", dq, q.shape[0], q.shape[1], q.shape[2], q);
-  check_packed(call, "dk", dk, k.shape[0], k.shape[1], k.shape[2], q);
-  check_packed(call, "dv", dv, k.shape[0], k.shape[1], k.shape[2], q);
-  check_lse(call, lse, q);
+  check_backward_tensors(call, q, k, out, dout, lse, dq, dk, dv);
   detail::check_sink_options(call, options, q.shape[1], q, false);
   require_all(Pass::backward, seqs, q, k, v, options);
   for (const auto& [begin, end] : uncovered(seqs, false, q.shape[0])) zero_rows(dq, begin, end - begin);

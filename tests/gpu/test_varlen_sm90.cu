@@ -196,6 +196,23 @@ void check_varlen(const VarlenCase& c) {
   print_case("", c.name(), failures() > failures_before);
 }
 
+// What every instance runs on its ragged lengths: no mask, causal, a window, softcap, sinks, and (deterministic)
+// the deterministic mode; each case with the next seed.
+std::vector<VarlenCase> mask_variants(const VarlenCase& base, bool deterministic, uint64_t& seed) {
+  std::vector<VarlenCase> cases;
+  for (int variant = 0; variant < (deterministic ? 6 : 5); ++variant) {
+    VarlenCase v = base;
+    v.seed = ++seed;
+    if (variant == 1) v.options.causal = true;
+    if (variant == 2) v.options.window_left = 37, v.options.window_right = 11;
+    if (variant == 3) v.options.softcap = 30.0f, v.options.causal = true;
+    if (variant == 4) v.sinks = true, v.options.causal = true;
+    if (variant == 5) v.options.deterministic = true, v.options.causal = true;
+    cases.push_back(v);
+  }
+  return cases;
+}
+
 TEST(GpuVarlenSm90, EveryInstanceEveryMask) {
   REQUIRE_SM90();
   uint64_t seed = 300;
@@ -206,15 +223,7 @@ TEST(GpuVarlenSm90, EveryInstanceEveryMask) {
     c.len_q = {77, 0, 1, 300, 129, 40, 5};
     c.len_k = {45, 3, 1, 513, 129, 0, 200};
     c.spare_q = 9;
-    for (int variant = 0; variant < 5; ++variant) {
-      VarlenCase v = c;
-      v.seed = ++seed;
-      if (variant == 1) v.options.causal = true;
-      if (variant == 2) v.options.window_left = 37, v.options.window_right = 11;
-      if (variant == 3) v.options.softcap = 30.0f, v.options.causal = true;
-      if (variant == 4) v.sinks = true, v.options.causal = true;
-      check_varlen(v);
-    }
+    for (const VarlenCase& v : mask_variants(c, /*deterministic=*/false, seed)) check_varlen(v);
   }
 }
 
@@ -507,16 +516,7 @@ TEST(GpuVarlenSm90, BackwardEveryInstanceEveryMask) {
     c.len_q = {77, 0, 1, 300, 129, 40, 0, 5};
     c.len_k = {45, 3, 1, 513, 129, 0, 70, 200};
     c.spare_q = 9, c.spare_k = 21;
-    for (int variant = 0; variant < 6; ++variant) {
-      VarlenCase v = c;
-      v.seed = ++seed;
-      if (variant == 1) v.options.causal = true;
-      if (variant == 2) v.options.window_left = 37, v.options.window_right = 11;
-      if (variant == 3) v.options.softcap = 30.0f, v.options.causal = true;
-      if (variant == 4) v.sinks = true, v.options.causal = true;
-      if (variant == 5) v.options.deterministic = true, v.options.causal = true;
-      check_varlen_backward(v);
-    }
+    for (const VarlenCase& v : mask_variants(c, /*deterministic=*/true, seed)) check_varlen_backward(v);
   }
 }
 

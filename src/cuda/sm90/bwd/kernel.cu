@@ -109,11 +109,9 @@ template <DType Dtype, int HeadDim>
 cudaError_t launch_instance(const BwdParams& p, bool varlen, uint32_t grid, cudaStream_t stream) {
   constexpr int kRow = bwd_row(HeadDim);
   static_assert(kRow >= 0, "a bwd head dim of instances.def has no row in kBwdTiles (bwd/config.hpp)");
-  if (varlen)
-    return launch_with_dynamic_smem(bwd_kernel<wgmma_input<Dtype>(), kRow, true>, grid, BwdConfig<kRow>::kThreads,
-                                    bwd_smem_bytes<kRow>(), stream, p, 1u);
-  return launch_with_dynamic_smem(bwd_kernel<wgmma_input<Dtype>(), kRow, false>, grid, BwdConfig<kRow>::kThreads,
-                                  bwd_smem_bytes<kRow>(), stream, p, p.cluster_pair ? 2u : 1u);
+  auto* const kernel = varlen ? bwd_kernel<wgmma_input<Dtype>(), kRow, true> : bwd_kernel<wgmma_input<Dtype>(), kRow, false>;
+  return launch_with_dynamic_smem(kernel, grid, BwdConfig<kRow>::kThreads, bwd_smem_bytes<kRow>(), stream, p,
+                                  !varlen && p.cluster_pair ? 2u : 1u);
 }
 
 }  // namespace
