@@ -417,6 +417,33 @@ TEST(GpuBackwardSm90, DeterministicTurnHelpersMatchTheInlineTurns) {
     }
 }
 
+// Deterministic mode in 2 and 4 turn chains (FA4_BWD_DET_CHAINS; key block n adds into accumulator copy n % chains
+// in the chain's own order, the postprocess sums the copies): right, and bitwise repeatable; with and without the
+// dQ writer's per-slab turn release (FA4_BWD_DET_SLAB_RELEASE, key-split rows). Causal and a sliding window (a
+// block's turn is not its index), GQA, more key blocks than chains times two, an odd number of query tiles.
+TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
+  REQUIRE_SM90();
+  for (const char* chains : {"2", "4"})
+    for (const char* release : {"0", "1"})
+      for (int d : {64, 128, 256})
+        for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
+          if (d == 256 && std::string(release) == "1") continue;  // column-split rows have no dQ writer
+          const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+          const EnvOverride slab_release("FA4_BWD_DET_SLAB_RELEASE", release);
+          BwdCase c;
+          c.head_dim = d;
+          c.batch = 1, c.seqlen_q = 333, c.seqlen_k = 1100, c.heads_q = 2, c.heads_kv = 1;
+          c.options = options_for(m);
+          if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
+          c.options.deterministic = true;
+          c.seed = 7600 + uint64_t(d) + uint64_t(m);
+          SCOPED_TRACE(std::string("FA4_BWD_DET_CHAINS=") + chains + " FA4_BWD_DET_SLAB_RELEASE=" + release);
+          check_backward_case(c);
+          const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+          EXPECT_EQ(r.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+        }
+}
+
 // What the backward cannot take is refused with a message naming the argument, before anything is written.
 TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   REQUIRE_SM90();
@@ -454,12 +481,12 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
     EXPECT_FALSE(s.ok);
     EXPECT_NE(s.reason.find("FA4_BWD_CLUSTER"), std::string::npos) << s.reason;
   }
-  {  // and of the deterministic turn helpers
-    const EnvOverride bad("FA4_BWD_DET_HELPER", "yes");
+  // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
+  for (const char* name : {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE"}) {
+    const EnvOverride bad(name, "3");
     expect_error(fa4::Status::invalid_argument,
-                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
-                 {"FA4_BWD_DET_HELPER", "'yes'"});
-    EXPECT_FALSE(fa4::supports(fa4::Pass::backward, x, x, x).ok);
+                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});
+    EXPECT_FALSE(fa4::supports(fa4::Pass::backward, x, x, x).ok) << name;
   }
   fa4::Tensor x80 = x;  // a head dim without a CUDA kernel: refused, not sent to the CPU
   x80.shape = {1, 16, 2, 80};

@@ -41,16 +41,20 @@ __device__ __forceinline__ void wait_for_turn(::cuda::atomic_ref<int32_t, ::cuda
 #endif
 }
 
-// Deterministic mode's turn counter of (pair, query tile m_block, slot): one per warpgroup slab of the tile.
+// Deterministic mode's turn counter of (chain, pair, query tile m_block, slot): one per warpgroup slab of the tile.
 template <class Config>
-__device__ __forceinline__ int32_t& dq_turn_counter(const BwdParams& p, int64_t pair, int32_t m_block, int slot) {
-  return p.ws.dq_turn[(pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups + slot];
+__device__ __forceinline__ int32_t& dq_turn_counter(const BwdParams& p, int32_t chain, int64_t pair, int32_t m_block,
+                                                    int slot) {
+  return p.ws.dq_turn[chain * p.ws.dq_turn_copy_counters +
+                      (pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups + slot];
 }
 
-// The dQ accumulator unit at 64-row chunk row_chunk, 64-column chunk col_chunk of (batch, head) pair `pair`.
+// The dQ accumulator unit at 64-row chunk row_chunk, 64-column chunk col_chunk of (batch, head) pair `pair`, in
+// the accumulator copy of turn chain `chain` (dq_chain_of; 0 outside deterministic mode).
 template <class Config>
-__device__ __forceinline__ float* dq_accum_unit(const BwdParams& p, int64_t pair, int64_t row_chunk, int col_chunk) {
-  return p.ws.dq_accum +
+__device__ __forceinline__ float* dq_accum_unit(const BwdParams& p, int32_t chain, int64_t pair, int64_t row_chunk,
+                                                int col_chunk) {
+  return p.ws.dq_accum + chain * p.ws.dq_accum_copy_floats +
          ((pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks + col_chunk) *
              int64_t(kDqUnitFloats);
 }
@@ -157,7 +161,7 @@ __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, cons
     const int64_t pair = int64_t(work.batch) * p.heads_q + h;
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-          dq_turn_counter<Config>(p, pair, m_block, consumer));
+          dq_turn_counter<Config>(p, dq_chain_of(p, work), pair, m_block, consumer));
       if (lane0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
       __syncwarp();
       ptx::named_barrier_arrive(turn_granted_barrier(consumer), kWarpgroupThreads + 32);
@@ -191,11 +195,12 @@ class DqRegisterAdder {
   __device__ void add(const BwdParams& p, const Work& work, const ptx::WgmmaAccumulator<N>& dq, int64_t pair,
                       int32_t m_block) const {
     const int thread = threadIdx.x % kWarpgroupThreads;
-    float* units = dq_accum_unit<Config>(p, pair, m_block, first_chunk_) + thread * 4;
     if (!p.deterministic) {
-      add_all(units, dq);
+      add_all(dq_accum_unit<Config>(p, 0, pair, m_block, first_chunk_) + thread * 4, dq);
       return;
     }
+    const int32_t chain = dq_chain_of(p, work);
+    float* units = dq_accum_unit<Config>(p, chain, pair, m_block, first_chunk_) + thread * 4;
     if (p.det_turn_helpers) {
       // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
       // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
@@ -205,7 +210,7 @@ class DqRegisterAdder {
       return;
     }
     ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-        dq_turn_counter<Config>(p, pair, m_block, consumer_));
+        dq_turn_counter<Config>(p, chain, pair, m_block, consumer_));
     if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
     add_all(units, dq);

@@ -44,7 +44,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   auto slab_of = [&](int64_t pair, int32_t m_block, int c) {
     const int first_unit = c * Config::kDqUnitsPerWarpgroup;
     return dq_accum_unit<Config>(
-        p, pair, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
+        p, dq_chain_of(p, work), pair, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
         first_unit % Config::kHeadDimChunks);
   };
   auto take_slab = [&](int c) {  // waits until warpgroup c's slab is staged
@@ -92,7 +92,8 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
         take_slab(c);
         if (leader) {
-          ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(dq_turn_counter<Config>(p, pair, m_block, c));
+          ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
+              dq_turn_counter<Config>(p, dq_chain_of(p, work), pair, m_block, c));
           FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_turn);
           wait_for_turn(counter, turn);
           FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
@@ -108,12 +109,27 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
 #pragma unroll 1
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) hand_back(c);
       if (leader) {
-        ptx::tma_store_wait<0>();         // the adds are performed (global memory written) ...
-        ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the releases
-#pragma unroll 1
-        for (int c = 0; c < Config::kConsumerWarpgroups; ++c)
-          ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(dq_turn_counter<Config>(p, pair, m_block, c))
+        auto pass_turn = [&](int c) {
+          ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(
+              dq_turn_counter<Config>(p, dq_chain_of(p, work), pair, m_block, c))
               .fetch_add(1, ::cuda::memory_order_release);
+        };
+        static_assert(Config::kConsumerWarpgroups <= 2, "the early pass waits for all but the last slab's group");
+        if (p.det_slab_release && Config::kConsumerWarpgroups == 2) {
+          // Each slab's turn passes on as soon as its own add is performed (the bulk groups complete in order):
+          // the next key block's add of slab 0 overlaps this block's add of slab 1.
+          ptx::tma_store_wait<1>();
+          ptx::fence_proxy_async_global();
+          pass_turn(0);
+          ptx::tma_store_wait<0>();
+          ptx::fence_proxy_async_global();
+          pass_turn(1);
+        } else {
+          ptx::tma_store_wait<0>();         // the adds are performed (global memory written) ...
+          ptx::fence_proxy_async_global();  // ... and ordered, async proxy before generic, with the releases
+#pragma unroll 1
+          for (int c = 0; c < Config::kConsumerWarpgroups; ++c) pass_turn(c);
+        }
       }
       __syncwarp();  // converged before the next tile's barriers
     }

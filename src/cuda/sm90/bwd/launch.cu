@@ -72,13 +72,44 @@ bool det_turn_helpers(const char* call) {
               std::string(call) + ": environment FA4_BWD_DET_HELPER: expected 0 or 1, got '" + env + "'");
 }
 
+// Deterministic mode's turn chains (dq_turn_of): key block n adds into accumulator copy n % chains in the chain's
+// own turn order, so the CTAs of a wave wait for 1/chains of the links before their first add, at the cost of
+// zeroing and summing chains - 1 more fp32 dQ copies. FA4_BWD_DET_CHAINS (1, 2 or 4) overrides the default for
+// A/B runs; any other value is an error. Outside deterministic mode: 1 (a set value is still checked).
+constexpr int kDefaultDetChains = 1;
+int det_chains(const char* call, const detail::Problem& p) {
+  static_assert(kDefaultDetChains >= 1 && kDefaultDetChains <= kBwdMaxDetChains, "a chain count the layout holds");
+  int chains = kDefaultDetChains;
+  const char* env = std::getenv("FA4_BWD_DET_CHAINS");
+  if (env != nullptr && *env != '\0') {
+    const std::string value(env);
+    if (value != "1" && value != "2" && value != "4")
+      throw Error(Status::invalid_argument,
+                  std::string(call) + ": environment FA4_BWD_DET_CHAINS: expected 1, 2 or 4, got '" + value + "'");
+    chains = std::stoi(value);
+  }
+  return p.deterministic ? chains : 1;
+}
+
+// Deterministic key-split rows: FA4_BWD_DET_SLAB_RELEASE=1 passes each dQ slab's turn on as soon as its own add
+// is performed (an A/B switch, off by default until measured; any value but 0 or 1 is an error).
+bool det_slab_release(const char* call) {
+  const char* env = std::getenv("FA4_BWD_DET_SLAB_RELEASE");
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) == "1") return true;
+  throw Error(Status::invalid_argument,
+              std::string(call) + ": environment FA4_BWD_DET_SLAB_RELEASE: expected 0 or 1, got '" + env + "'");
+}
+
 // The environment overrides of one call, read once: a value the call cannot take is refused by name.
 struct Overrides {
   PairMode pair;
   bool turn_helpers = true;
+  int chains = 1;
+  bool slab_release = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
-  Overrides o{pair_mode(call, tile, p), det_turn_helpers(call)};
+  Overrides o{pair_mode(call, tile, p), det_turn_helpers(call), det_chains(call, p), det_slab_release(call)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
@@ -86,8 +117,8 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
   return o;
 }
 
-BwdWorkspaceLayout layout_of(const detail::Problem& p) {
-  return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q);
+BwdWorkspaceLayout layout_of(const char* call, const detail::Problem& p) {
+  return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q, det_chains(call, p));
 }
 
 // The sinks and their gradient, when the call has them.
@@ -101,7 +132,7 @@ void set_sinks(const detail::Problem& p, BwdPrePostParams& pp) {
 
 }  // namespace
 
-size_t backward_workspace_bytes(const detail::Problem& p) { return layout_of(p).bytes; }
+size_t backward_workspace_bytes(const detail::Problem& p) { return layout_of("fa4::workspace_size", p).bytes; }
 
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen) {
   const int row = bwd_row(int(p.head_dim));
@@ -152,7 +183,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     }
     return;
   }
-  const BwdWorkspaceLayout layout = layout_of(p);
+  const BwdWorkspaceLayout layout = layout_of(call, p);
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
   if ((n_blocks + 1) * p.heads_kv * p.batch > kMaxIndex || p.batch * p.heads_q * (layout.rows_padded / kDqUnitRows) > kMaxIndex ||
@@ -180,6 +211,9 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   ws.dsum = reinterpret_cast<float*>(base + layout.dsum);
   ws.dq_turn = reinterpret_cast<int32_t*>(base + layout.dq_turn);
   ws.rows_padded = int32_t(layout.rows_padded);
+  ws.chains = layout.chains;
+  ws.dq_accum_copy_floats = int64_t(layout.dq_accum_copy_floats);
+  ws.dq_turn_copy_counters = int64_t(layout.dq_turn_copy_counters);
   zero_uncovered_rows();
 
   BwdPrePostParams pp;
@@ -214,6 +248,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.cluster_pair = pair.pair;
     params.pair_dq_exchange = pair.dq_exchange;
     params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
+    params.det_slab_release = overrides.slab_release && !tile.column_split && p.deterministic;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
       const uint32_t box_rows = uint32_t(params.cluster_pair ? bwd_pair_box_rows(tile) : tile.block_m);

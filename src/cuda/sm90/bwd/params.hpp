@@ -22,11 +22,13 @@ struct StridedRows {
 
 // The workspace, as bwd/config.hpp lays it out.
 struct BwdWorkspace {
-  float* dq_accum = nullptr;  // [batch·heads_q][rows_padded/64][head_dim/64] units of 64 × 64
+  float* dq_accum = nullptr;  // [chains][batch·heads_q][rows_padded/64][head_dim/64] units of 64 × 64
   float* lse_log2 = nullptr;  // [batch·heads_q][rows_padded]
   float* dsum = nullptr;      // [batch·heads_q][rows_padded]
-  int32_t* dq_turn = nullptr; // [batch·heads_q][rows_padded/block_m][consumer warpgroups]
+  int32_t* dq_turn = nullptr; // [chains][batch·heads_q][rows_padded/block_m][consumer warpgroups]
   int32_t rows_padded = 0;
+  int32_t chains = 1;  // deterministic mode's turn chains (dq_turn_of); 1 otherwise
+  int64_t dq_accum_copy_floats = 0, dq_turn_copy_counters = 0;  // one chain's share of dq_accum and dq_turn
 };
 
 struct BwdParams {
@@ -57,6 +59,9 @@ struct BwdParams {
   // Set only for deterministic column-split rows: helper warps pass the turns (dq_reduce.cuh; the default,
   // FA4_BWD_DET_HELPER=0 turns it off).
   bool det_turn_helpers = false;
+  // Deterministic key-split rows: the dQ writer passes each slab's turn once that slab's add is performed, not
+  // after the tile's last (FA4_BWD_DET_SLAB_RELEASE, an A/B switch; perf-log B14).
+  bool det_slab_release = false;
   // Variable-length batches (the bwd_kernel<..., Varlen = true> instances only; null otherwise): q, dout, k, v,
   // dk, dv are their packed rows mapped as batch 1; sequence b has query rows cu_seqlens_q[b] .. [b + 1] and keys
   // from cu_seqlens_k[b] (seqused_k[b] of them when given, else up to cu_seqlens_k[b + 1]). batch above is the

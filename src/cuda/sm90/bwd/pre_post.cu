@@ -21,6 +21,8 @@ namespace fa4::sm90 {
 namespace {
 
 constexpr int kPreThreads = 256, kPostThreads = kWarpgroupThreads;  // post: one thread per accumulator owner
+static_assert(kPreThreads >= kBwdMaxConsumerWarpgroups * kBwdMaxDetChains,
+              "a preprocess CTA zeroes every turn counter of a query tile with one thread each");
 constexpr int kRowsPerCta = kDqUnitRows;
 
 // The CTA's 64 rows of (batch, head) pair `pair`: rows < seqlen hold data, at tensor rows row0 + row of batch
@@ -142,13 +144,20 @@ __device__ __forceinline__ void row_sums(const BwdPrePostParams& p, const RowChu
 template <bool Bf16>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostParams p) {
   const RowChunk c = row_chunk(p);
-  float4* accum = reinterpret_cast<float4*>(p.ws.dq_accum + (c.pair * c.chunks + c.chunk) * (p.head_dim / kDqUnitCols) *
-                                                                int64_t(kDqUnitFloats));
-  for (int i = threadIdx.x; i < kRowsPerCta * p.head_dim / 4; i += kPreThreads) accum[i] = make_float4(0, 0, 0, 0);
+  // Every turn chain's accumulator copy (one outside deterministic mode).
+  for (int chain = 0; chain < p.ws.chains; ++chain) {
+    float4* accum = reinterpret_cast<float4*>(p.ws.dq_accum + chain * p.ws.dq_accum_copy_floats +
+                                              (c.pair * c.chunks + c.chunk) * (p.head_dim / kDqUnitCols) *
+                                                  int64_t(kDqUnitFloats));
+    for (int i = threadIdx.x; i < kRowsPerCta * p.head_dim / 4; i += kPreThreads) accum[i] = make_float4(0, 0, 0, 0);
+  }
   // The first row chunk of each main-kernel query tile zeroes the tile's deterministic-mode turn counters.
   const int64_t rows = c.chunk * kRowsPerCta;
-  if (rows % p.block_m == 0 && threadIdx.x < p.turns_per_tile)
-    p.ws.dq_turn[(c.pair * (p.ws.rows_padded / p.block_m) + rows / p.block_m) * p.turns_per_tile + threadIdx.x] = 0;
+  if (rows % p.block_m == 0 && threadIdx.x < p.turns_per_tile * p.ws.chains) {
+    const int chain = threadIdx.x / p.turns_per_tile, slot = threadIdx.x % p.turns_per_tile;
+    p.ws.dq_turn[chain * p.ws.dq_turn_copy_counters +
+                 (c.pair * (p.ws.rows_padded / p.block_m) + rows / p.block_m) * p.turns_per_tile + slot] = 0;
+  }
 
   float sum[kPasses];
   row_sums<Bf16>(p, c, sum);
@@ -194,7 +203,13 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
   for (int unit = 0; unit < units; ++unit)
 #pragma unroll
     for (int g = 0; g < kDqUnitCols / 8; ++g) {
-      const float4 v = accum[(unit * (kDqUnitCols / 8) + g) * kWarpgroupThreads + thread];
+      const int64_t index = (unit * (kDqUnitCols / 8) + g) * kWarpgroupThreads + thread;
+      float4 v = accum[index];
+      // Deterministic mode's other turn chains, summed in a fixed order (copy 0 first).
+      for (int chain = 1; chain < p.ws.chains; ++chain) {
+        const float4 w = accum[index + chain * (p.ws.dq_accum_copy_floats / 4)];
+        v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
+      }
       // Registers 4g .. 4g + 3 of the unit's accumulator: (row r, cols c, c + 1), then (row r + 8, same cols).
       const float values[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll

@@ -122,23 +122,40 @@ __device__ __forceinline__ auto bwd_work(const BwdParams& p) {
 // its diagonal, whose walk starts there, so every CTA's first tile needs no wait and the chains advance together
 // (in ascending order, CTA n's first tile would wait for block 0 to walk down to it). Blocks are launched from the
 // last down (bwd_work), so a CTA waits only for CTAs launched before it: no CTA waits for one not yet resident.
+// With ws.chains = C > 1 the blocks form C chains (block n in chain n % C, adding into its own accumulator copy
+// with its own counters, summed in a fixed order by the postprocess): a block's turn counts only the visitors of
+// its chain after it, so the c-th CTA of a wave waits for c / C links before its first add, not c (perf-log B14).
 template <int BlockM, int BlockN, class Work>
 __device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, const Work& work, int32_t m_block) {
   const num::Mask& m = work.mask(p);
   const int32_t n_block = work.n_block, n_blocks = work.n_blocks(p);
+  int32_t distance;  // from the last visitor of the tile
   if (m.left < 0) {
     // No left window: every block up to the last one that row_last sees visits the tile.
-    if (m.right < 0) return n_blocks - 1 - n_block;
-    const int64_t seqlen_q = work.seqlen_q(p);
-    const int64_t row_last = (int64_t(m_block + 1) * BlockM < seqlen_q ? int64_t(m_block + 1) * BlockM : seqlen_q) - 1;
-    const int64_t last_key = row_last + m.offset() + m.right;  // the last key row_last sees, if below seqlen_k
-    const int64_t last = last_key / BlockN < n_blocks - 1 ? last_key / BlockN : int64_t(n_blocks) - 1;
-    return int32_t(last) - n_block;
+    if (m.right < 0) {
+      distance = n_blocks - 1 - n_block;
+    } else {
+      const int64_t seqlen_q = work.seqlen_q(p);
+      const int64_t row_last =
+          (int64_t(m_block + 1) * BlockM < seqlen_q ? int64_t(m_block + 1) * BlockM : seqlen_q) - 1;
+      const int64_t last_key = row_last + m.offset() + m.right;  // the last key row_last sees, if below seqlen_k
+      const int64_t last = last_key / BlockN < n_blocks - 1 ? last_key / BlockN : int64_t(n_blocks) - 1;
+      distance = int32_t(last) - n_block;
+    }
+  } else {
+    // With a left window the visitors are at most window / block_n + 2 blocks: a short walk forward.
+    int32_t last = n_block;
+    while (last + 1 < n_blocks && key_block_sees_query_tile<BlockM, BlockN>(p, work, last + 1, m_block)) ++last;
+    distance = last - n_block;
   }
-  // With a left window the visitors are at most window / block_n + 2 blocks: a short walk forward.
-  int32_t last = n_block;
-  while (last + 1 < n_blocks && key_block_sees_query_tile<BlockM, BlockN>(p, work, last + 1, m_block)) ++last;
-  return last - n_block;
+  // The visitors after this block in its chain: those at distances C, 2C, ... (consecutive blocks).
+  return p.ws.chains == 1 ? distance : distance / p.ws.chains;
+}
+
+// The turn chain (and accumulator copy) of the CTA's key block: 0 outside deterministic mode.
+template <class Work>
+__device__ __forceinline__ int32_t dq_chain_of(const BwdParams& p, const Work& work) {
+  return p.ws.chains == 1 ? 0 : work.n_block % p.ws.chains;
 }
 
 }  // namespace fa4::sm90
