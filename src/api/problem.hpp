@@ -29,6 +29,10 @@ struct Problem {
   const Tensor* dsinks = nullptr;  // backward, with sinks: fp32 [heads_q] output; nullptr: not computed
   int num_splits = 0;  // options.num_splits (>= 0; the backward refuses > 1 here)
   bool q_heads_strided = true;  // q's heads are distinct rows in memory (stride != 0): the GPU may read them as rows
+  // A variable-length batch (the CUDA varlen paths): batch is the sequence count, seqlen_q/k the longest
+  // sequence's, and varlen_total_q the packed query rows (what the backward's compact workspace is sized by).
+  bool varlen = false;
+  int64_t varlen_total_q = 0;
 
   int64_t group() const { return heads_q / heads_kv; }  // query heads per kv head
 };

@@ -225,7 +225,9 @@ DeviceProblem check_device_inputs(const char* call, Pass pass, const Tensor& q, 
 #if defined(FA4_WITH_SM90)
   if (pass == Pass::backward) sm90::check_backward_overrides(call, p, /*varlen=*/true);
 #endif
-  p.batch = vl.batch;  // the kernels' batch is the sequence count (the backward's workspace is sized by it)
+  p.batch = vl.batch;  // the kernels' batch is the sequence count
+  p.varlen = true;
+  p.varlen_total_q = q.shape[0];  // the backward's workspace is sized by the packed rows (and the count)
   DeviceProblem d{p, rows_view(q, 0, q.shape[0]), rows_view(k, 0, k.shape[0]), rows_view(v, 0, k.shape[0])};
   detail::require_layout(call, p, d.q, d.k, d.v);
   return d;

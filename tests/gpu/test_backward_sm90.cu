@@ -269,24 +269,6 @@ TEST(GpuBackwardSm90, LongSequence) {
     }
 }
 
-// Sets FA4_BWD_CLUSTER for the scope of one check (the backward reads it at every call), then restores it.
-class EnvOverride {
- public:
-  EnvOverride(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old;
-    setenv(name, value, 1);
-  }
-  ~EnvOverride() {
-    if (saved_) setenv(name_, saved_->c_str(), 1);
-    else unsetenv(name_);
-  }
-  EnvOverride(const EnvOverride&) = delete;
-  EnvOverride& operator=(const EnvOverride&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
-};
 
 // The CTA pair (d = 64, 128; an option, FA4_BWD_CLUSTER=1 or multicast) against the single-CTA kernel: both right, and the same dK/dV (the
 // pair's extra, fully masked tiles add exact zeros). Odd and even key-block counts (a phantom block past
@@ -419,17 +401,24 @@ TEST(GpuBackwardSm90, DeterministicTurnHelpersMatchTheInlineTurns) {
 
 // Deterministic mode in 2 and 4 turn chains (FA4_BWD_DET_CHAINS; key block n adds into accumulator copy n % chains
 // in the chain's own order, the postprocess sums the copies): right, and bitwise repeatable; with and without the
-// dQ writer's per-slab turn release (FA4_BWD_DET_SLAB_RELEASE, key-split rows). Causal and a sliding window (a
-// block's turn is not its index), GQA, more key blocks than chains times two, an odd number of query tiles.
+// dQ writer's per-slab turn release (FA4_BWD_DET_SLAB_RELEASE, key-split rows) and the column-split rows' turn
+// helpers. Causal and a sliding window (a block's turn is not its index), GQA; grids of up to 1024 CTAs, more than
+// the GPU holds at once (a block must never wait for one launched after it). The workspace grows by the copies.
 TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
   REQUIRE_SM90();
-  for (const char* chains : {"2", "4"})
-    for (const char* release : {"0", "1"})
-      for (int d : {64, 128, 256})
+  auto run = [](BwdCase c, const char* what) {
+    SCOPED_TRACE(what);
+    check_backward_case(c);
+    const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+    EXPECT_EQ(r.repeats_differing, 0) << c.name() << " " << what << ": runs whose gradients differ from the first, of 3";
+  };
+  for (const char* chains : {"2", "4"}) {
+    const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+    for (const char* release : {"0", "1"}) {
+      const EnvOverride slab_release("FA4_BWD_DET_SLAB_RELEASE", release);
+      for (int d : {64, 128, 192, 256})
         for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
-          if (d == 256 && std::string(release) == "1") continue;  // column-split rows have no dQ writer
-          const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
-          const EnvOverride slab_release("FA4_BWD_DET_SLAB_RELEASE", release);
+          if (d >= 192 && std::string(release) == "1") continue;  // column-split rows have no dQ writer
           BwdCase c;
           c.head_dim = d;
           c.batch = 1, c.seqlen_q = 333, c.seqlen_k = 1100, c.heads_q = 2, c.heads_kv = 1;
@@ -437,11 +426,42 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
           if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
           c.options.deterministic = true;
           c.seed = 7600 + uint64_t(d) + uint64_t(m);
-          SCOPED_TRACE(std::string("FA4_BWD_DET_CHAINS=") + chains + " FA4_BWD_DET_SLAB_RELEASE=" + release);
-          check_backward_case(c);
-          const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
-          EXPECT_EQ(r.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+          run(c, (std::string("chains ") + chains + ", slab release " + release).c_str());
         }
+    }
+    for (int d : {64, 256}) {  // 256 and 512 CTAs
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 2, c.seqlen_q = 200, c.seqlen_k = 4096, c.heads_q = 8, c.heads_kv = 4;
+      c.options.deterministic = true;
+      c.seed = 7700 + uint64_t(d);
+      run(c, (std::string("chains ") + chains + ", more CTAs than the GPU holds").c_str());
+    }
+    for (int d : {192, 256}) {  // the column-split warpgroups passing their turns themselves
+      const EnvOverride inline_turns("FA4_BWD_DET_HELPER", "0");
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 1, c.seqlen_q = 333, c.seqlen_k = 1100, c.heads_q = 2, c.heads_kv = 1;
+      c.options.causal = true, c.options.deterministic = true;
+      c.seed = 7800 + uint64_t(d);
+      run(c, (std::string("chains ") + chains + ", no turn helpers").c_str());
+    }
+  }
+  // The workspace holds one accumulator copy and counter set per chain, in deterministic mode only.
+  auto q = HostTensor::make(DType::bf16, {2, 512, 4, 128});
+  q.fill_normal(1);
+  DeviceCopy t(q, size_t(q.numel()));
+  const fa4::Tensor& x = t.desc();
+  fa4::Options det;
+  det.deterministic = true;
+  auto bytes = [&](const char* chains, const fa4::Options& o) {
+    const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+    return fa4::workspace_size(fa4::Pass::backward, x, x, x, o);
+  };
+  const size_t accum = size_t(2) * 4 * 512 * 128 * 4;  // one fp32 dQ copy
+  EXPECT_GE(bytes("4", det), bytes("1", det) + 3 * accum);
+  EXPECT_GE(bytes("2", det), bytes("1", det) + accum);
+  EXPECT_EQ(bytes("4", fa4::Options{}), bytes("1", fa4::Options{}));
 }
 
 // What the backward cannot take is refused with a message naming the argument, before anything is written.

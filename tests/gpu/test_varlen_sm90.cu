@@ -520,6 +520,28 @@ TEST(GpuVarlenSm90, BackwardEveryInstanceEveryMask) {
   }
 }
 
+// Deterministic mode in 2 and 4 turn chains (FA4_BWD_DET_CHAINS) on a ragged batch: a sequence's key blocks split
+// into chains (block n % chains of its own blocks) whose slabs land in the compact workspace's copies; right, and
+// a second run gives the same bits (check_varlen_backward).
+TEST(GpuVarlenSm90, BackwardDeterministicChains) {
+  REQUIRE_SM90();
+  uint64_t seed = 900;
+  for (const char* chains : {"2", "4"})
+    for (int d : {64, 128, 256}) {
+      const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+      VarlenCase c;
+      c.dtype = DType::bf16, c.head_dim = d;
+      c.len_q = {77, 0, 1, 300, 129, 40};
+      c.len_k = {45, 3, 1, 700, 129, 600};
+      c.spare_q = 9, c.spare_k = 21;
+      c.options.deterministic = true;
+      c.options.causal = d != 128;
+      c.seed = seed++;
+      SCOPED_TRACE(std::string("FA4_BWD_DET_CHAINS=") + chains);
+      check_varlen_backward(c);
+    }
+}
+
 TEST(GpuVarlenSm90, BackwardSequsedKGqaAndManySequences) {
   REQUIRE_SM90();
   VarlenCase c;  // keys past seqused_k NaN, a sequence with none used; MQA

@@ -68,17 +68,22 @@ constexpr int bwd_row(int head_dim) {
 inline constexpr int kDqUnitRows = 64, kDqUnitCols = 64;
 inline constexpr int kDqUnitFloats = kDqUnitRows * kDqUnitCols;
 
-// The workspace of one backward call, in bytes from its (256-byte aligned) base. Per (batch, query head) the
-// query rows are padded to whole block_m tiles (rows_padded):
-//   dq_accum  fp32 [chains][batch·heads][rows_padded/64][head_dim/64] units (zeroed by the preprocess kernel)
-//   lse_log2  fp32 [batch·heads][rows_padded]  LSE·log2(e); +inf for padding and fully masked rows (P = 0)
-//   dsum      fp32 [batch·heads][rows_padded]  D = rowsum(dO ∘ O); 0 for padding
-//   dq_turn   int32 [chains][batch·heads][rows_padded/block_m][consumer warpgroups]  deterministic mode: how many
+// The workspace of one backward call, in bytes from its (256-byte aligned) base. The fp32 rows of a query
+// head: a dense batch pads each (batch, head) pair's rows to whole block_m tiles (rows_padded), so region r =
+// batch·heads + head holds rows_padded rows; a variable-length batch packs them (FlashAttention-3's layout): one
+// region per head of rows_total = round_up(total_q + batch·block_m, block_m) rows, sequence b's from
+// base(b) = ⌊(cu_seqlens_q[b] + b·block_m) / block_m⌋·block_m (bwd_ws_row_base; base(b + 1) − base(b) ≥
+// round_up(len_b, block_m), so tiles never overlap), so the size follows the tokens, not sequences × longest.
+//   dq_accum  fp32 [chains][regions][region rows/64][head_dim/64] units (zeroed by the preprocess kernel)
+//   lse_log2  fp32 [regions][region rows]  LSE·log2(e); +inf for padding and fully masked rows (P = 0)
+//   dsum      fp32 [regions][region rows]  D = rowsum(dO ∘ O); 0 for padding
+//   dq_turn   int32 [chains][regions][region rows/block_m][consumer warpgroups]  deterministic mode: how many
 //             key blocks of the chain have added their slab of this query tile so far (zeroed by the preprocess)
 // chains: deterministic mode's turn chains (key block n adds into copy n % chains in its own turn order; the
 // postprocess sums the copies in a fixed order, see dq_turn_of); 1 outside deterministic mode.
 struct BwdWorkspaceLayout {
-  int64_t rows_padded = 0;
+  int64_t rows_padded = 0;  // a sequence's rows, padded to block_m tiles (the pre/postprocess grids)
+  int64_t rows_total = 0;   // variable-length batches: the rows of one head's region (0: dense)
   int chains = 1;
   size_t dq_accum = 0, lse_log2 = 0, dsum = 0, dq_turn = 0, bytes = 0;
   size_t dq_accum_copy_floats = 0, dq_turn_copy_counters = 0;  // one chain's accumulator and counters
@@ -88,20 +93,25 @@ constexpr size_t align_up_256(size_t x) { return (x + 255) / 256 * 256; }
 
 inline constexpr int kBwdMaxDetChains = 4;
 
+// varlen_total_q >= 0: a variable-length batch of `batch` sequences and that many packed query rows (seqlen_q is
+// the longest sequence's).
 constexpr BwdWorkspaceLayout bwd_workspace_layout(int row, int64_t batch, int64_t heads_q, int64_t seqlen_q,
-                                                  int chains = 1) {
+                                                  int chains = 1, int64_t varlen_total_q = -1) {
   BwdWorkspaceLayout w;
   if (row < 0) return w;
   const BwdTile t = kBwdTiles[row];
   w.rows_padded = (seqlen_q + t.block_m - 1) / t.block_m * t.block_m;
+  if (varlen_total_q >= 0)
+    w.rows_total = (varlen_total_q + batch * t.block_m + t.block_m - 1) / t.block_m * t.block_m;
   w.chains = chains;
-  const size_t pairs = size_t(batch) * size_t(heads_q), rows = size_t(w.rows_padded);
-  w.dq_accum_copy_floats = pairs * rows * size_t(t.head_dim);
-  w.dq_turn_copy_counters = pairs * (rows / size_t(t.block_m)) * size_t(bwd_consumer_warpgroups(t));
+  const size_t regions = varlen_total_q >= 0 ? size_t(heads_q) : size_t(batch) * size_t(heads_q);
+  const size_t rows = size_t(varlen_total_q >= 0 ? w.rows_total : w.rows_padded);
+  w.dq_accum_copy_floats = regions * rows * size_t(t.head_dim);
+  w.dq_turn_copy_counters = regions * (rows / size_t(t.block_m)) * size_t(bwd_consumer_warpgroups(t));
   w.dq_accum = 0;
   w.lse_log2 = align_up_256(size_t(chains) * w.dq_accum_copy_floats * 4);
-  w.dsum = align_up_256(w.lse_log2 + pairs * rows * 4);
-  w.dq_turn = align_up_256(w.dsum + pairs * rows * 4);
+  w.dsum = align_up_256(w.lse_log2 + regions * rows * 4);
+  w.dq_turn = align_up_256(w.dsum + regions * rows * 4);
   w.bytes = align_up_256(w.dq_turn + size_t(chains) * w.dq_turn_copy_counters * 4);
   return w;
 }

@@ -41,22 +41,23 @@ __device__ __forceinline__ void wait_for_turn(::cuda::atomic_ref<int32_t, ::cuda
 #endif
 }
 
-// Deterministic mode's turn counter of (chain, pair, query tile m_block, slot): one per warpgroup slab of the tile.
+// Deterministic mode's turn counter of (chain, query tile m_block, slot) of the (batch, head) whose workspace rows
+// start at row_base (Work::ws_row_base): one per warpgroup slab of the tile.
 template <class Config>
-__device__ __forceinline__ int32_t& dq_turn_counter(const BwdParams& p, int32_t chain, int64_t pair, int32_t m_block,
-                                                    int slot) {
+__device__ __forceinline__ int32_t& dq_turn_counter(const BwdParams& p, int32_t chain, int64_t row_base,
+                                                    int32_t m_block, int slot) {
   return p.ws.dq_turn[chain * p.ws.dq_turn_copy_counters +
-                      (pair * (p.ws.rows_padded / Config::kBlockM) + m_block) * Config::kConsumerWarpgroups + slot];
+                      (row_base / Config::kBlockM + m_block) * Config::kConsumerWarpgroups + slot];
 }
 
-// The dQ accumulator unit at 64-row chunk row_chunk, 64-column chunk col_chunk of (batch, head) pair `pair`, in
-// the accumulator copy of turn chain `chain` (dq_chain_of; 0 outside deterministic mode).
+// The dQ accumulator unit at 64-row chunk row_chunk, 64-column chunk col_chunk of the (batch, head) whose
+// workspace rows start at row_base, in the accumulator copy of turn chain `chain` (dq_chain_of; 0 outside
+// deterministic mode).
 template <class Config>
-__device__ __forceinline__ float* dq_accum_unit(const BwdParams& p, int32_t chain, int64_t pair, int64_t row_chunk,
-                                                int col_chunk) {
+__device__ __forceinline__ float* dq_accum_unit(const BwdParams& p, int32_t chain, int64_t row_base,
+                                                int64_t row_chunk, int col_chunk) {
   return p.ws.dq_accum + chain * p.ws.dq_accum_copy_floats +
-         ((pair * (p.ws.rows_padded / kDqUnitRows) + row_chunk) * Config::kHeadDimChunks + col_chunk) *
-             int64_t(kDqUnitFloats);
+         ((row_base / kDqUnitRows + row_chunk) * Config::kHeadDimChunks + col_chunk) * int64_t(kDqUnitFloats);
 }
 
 // The named barrier on which warpgroup `consumer` hands its staged slab to dQ writer `writer`.
@@ -158,10 +159,10 @@ __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, cons
   if (work.empty() || !p.det_turn_helpers) return;
   const bool lane0 = threadIdx.x % 32 == 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-    const int64_t pair = int64_t(work.batch) * p.heads_q + h;
+    const int64_t row_base = work.template ws_row_base<Config::kBlockM>(p, h);
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-          dq_turn_counter<Config>(p, dq_chain_of(p, work), pair, m_block, consumer));
+          dq_turn_counter<Config>(p, dq_chain_of(p, work), row_base, m_block, consumer));
       if (lane0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
       __syncwarp();
       ptx::named_barrier_arrive(turn_granted_barrier(consumer), kWarpgroupThreads + 32);
@@ -192,15 +193,15 @@ class DqRegisterAdder {
         first_chunk_(first_chunk) {}
 
   template <int N, class Work>
-  __device__ void add(const BwdParams& p, const Work& work, const ptx::WgmmaAccumulator<N>& dq, int64_t pair,
+  __device__ void add(const BwdParams& p, const Work& work, const ptx::WgmmaAccumulator<N>& dq, int64_t row_base,
                       int32_t m_block) const {
     const int thread = threadIdx.x % kWarpgroupThreads;
     if (!p.deterministic) {
-      add_all(dq_accum_unit<Config>(p, 0, pair, m_block, first_chunk_) + thread * 4, dq);
+      add_all(dq_accum_unit<Config>(p, 0, row_base, m_block, first_chunk_) + thread * 4, dq);
       return;
     }
     const int32_t chain = dq_chain_of(p, work);
-    float* units = dq_accum_unit<Config>(p, chain, pair, m_block, first_chunk_) + thread * 4;
+    float* units = dq_accum_unit<Config>(p, chain, row_base, m_block, first_chunk_) + thread * 4;
     if (p.det_turn_helpers) {
       // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
       // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
@@ -210,7 +211,7 @@ class DqRegisterAdder {
       return;
     }
     ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-        dq_turn_counter<Config>(p, chain, pair, m_block, consumer_));
+        dq_turn_counter<Config>(p, chain, row_base, m_block, consumer_));
     if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
     add_all(units, dq);

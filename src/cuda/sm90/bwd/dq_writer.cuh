@@ -41,10 +41,10 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   const bool leader = ptx::elect_one_sync();
   trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceDqWriter, leader && writer == 0);  // writer 0's events only
   // The accumulator unit of warpgroup c's slab of query tile m_block.
-  auto slab_of = [&](int64_t pair, int32_t m_block, int c) {
+  auto slab_of = [&](int64_t row_base, int32_t m_block, int c) {
     const int first_unit = c * Config::kDqUnitsPerWarpgroup;
     return dq_accum_unit<Config>(
-        p, dq_chain_of(p, work), pair, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
+        p, dq_chain_of(p, work), row_base, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
         first_unit % Config::kHeadDimChunks);
   };
   auto take_slab = [&](int c) {  // waits until warpgroup c's slab is staged
@@ -61,13 +61,13 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   const int writers = dq_writers(p);
   int turn_of_writer = 0;  // which writer takes the walk's current tile (the consumers stage in the same turn)
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-    const int64_t pair = int64_t(work.batch) * p.heads_q + h;
+    const int64_t row_base = work.template ws_row_base<Config::kBlockM>(p, h);
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       const bool mine = turn_of_writer == writer;
       turn_of_writer = turn_of_writer + 1 == writers ? 0 : turn_of_writer + 1;
       if (!mine) continue;
       if (exchange_dq) {
-        pair_exchange.tile(exchange, [&](int c) { return slab_of(pair, m_block, c); }, rec, m_block);
+        pair_exchange.tile(exchange, [&](int c) { return slab_of(row_base, m_block, c); }, rec, m_block);
         ++exchange;
         continue;
       }
@@ -76,7 +76,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
         for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
           take_slab(c);
           if (leader) {
-            ptx::bulk_reduce_add(slab_of(pair, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+            ptx::bulk_reduce_add(slab_of(row_base, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
             ptx::tma_store_commit();
             FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
             ptx::tma_store_wait_read<0>();  // the staging buffer is read; the adds complete in the background
@@ -93,12 +93,12 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
         take_slab(c);
         if (leader) {
           ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-              dq_turn_counter<Config>(p, dq_chain_of(p, work), pair, m_block, c));
+              dq_turn_counter<Config>(p, dq_chain_of(p, work), row_base, m_block, c));
           FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_turn);
           wait_for_turn(counter, turn);
           FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
           ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
-          ptx::bulk_reduce_add(slab_of(pair, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+          ptx::bulk_reduce_add(slab_of(row_base, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
           ptx::tma_store_commit();
           FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
         }
@@ -111,7 +111,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       if (leader) {
         auto pass_turn = [&](int c) {
           ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device>(
-              dq_turn_counter<Config>(p, dq_chain_of(p, work), pair, m_block, c))
+              dq_turn_counter<Config>(p, dq_chain_of(p, work), row_base, m_block, c))
               .fetch_add(1, ::cuda::memory_order_release);
         };
         static_assert(Config::kConsumerWarpgroups <= 2, "the early pass waits for all but the last slab's group");

@@ -117,8 +117,9 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
   return o;
 }
 
-BwdWorkspaceLayout layout_of(const char* call, const detail::Problem& p) {
-  return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q, det_chains(call, p));
+BwdWorkspaceLayout layout_of(const detail::Problem& p, int chains) {
+  return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q, chains,
+                              p.varlen ? p.varlen_total_q : -1);
 }
 
 // The sinks and their gradient, when the call has them.
@@ -132,7 +133,9 @@ void set_sinks(const detail::Problem& p, BwdPrePostParams& pp) {
 
 }  // namespace
 
-size_t backward_workspace_bytes(const detail::Problem& p) { return layout_of("fa4::workspace_size", p).bytes; }
+size_t backward_workspace_bytes(const detail::Problem& p) {
+  return layout_of(p, det_chains("fa4::workspace_size", p)).bytes;
+}
 
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen) {
   const int row = bwd_row(int(p.head_dim));
@@ -183,7 +186,13 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     }
     return;
   }
-  const BwdWorkspaceLayout layout = layout_of(call, p);
+  // The layout of the overrides read above (the environment is read once per call): a caller's workspace sized
+  // under another FA4_BWD_DET_CHAINS is refused here, never written past.
+  const BwdWorkspaceLayout layout = layout_of(p, overrides.chains);
+  if (workspace.data != nullptr && workspace.bytes < layout.bytes)
+    throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected at least " +
+                                              std::to_string(layout.bytes) + " bytes (see workspace_size), got " +
+                                              std::to_string(workspace.bytes) + " bytes");
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
   if ((n_blocks + 1) * p.heads_kv * p.batch > kMaxIndex || p.batch * p.heads_q * (layout.rows_padded / kDqUnitRows) > kMaxIndex ||
@@ -211,6 +220,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   ws.dsum = reinterpret_cast<float*>(base + layout.dsum);
   ws.dq_turn = reinterpret_cast<int32_t*>(base + layout.dq_turn);
   ws.rows_padded = int32_t(layout.rows_padded);
+  ws.rows_total = layout.rows_total;
   ws.chains = layout.chains;
   ws.dq_accum_copy_floats = int64_t(layout.dq_accum_copy_floats);
   ws.dq_turn_copy_counters = int64_t(layout.dq_turn_copy_counters);

@@ -75,7 +75,7 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
   const uint32_t rank = p.cluster_pair ? ptx::cluster_ctarank() : 0u;
   auto stage = cuda::producer_start_state<Config::kStages>();
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-    const int64_t pair = int64_t(work.batch) * p.heads_q + h;
+    const int64_t row_base = work.template ws_row_base<BlockM>(p, h);
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block, ++stage) {
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       q_ring.producer_acquire(stage);
@@ -99,7 +99,7 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
         load_tile<HeadDim, BlockM>(smem.dout[stage.index], &p.dout_map, m_block * BlockM, h * p.dout_head_step,
                                    work.batch * p.dout_batch_step, full);
       }
-      const int64_t row = pair * p.ws.rows_padded + int64_t(m_block) * BlockM;
+      const int64_t row = row_base + int64_t(m_block) * BlockM;
       ptx::bulk_load(smem.lse_log2[stage.index], p.ws.lse_log2 + row, Config::kRowVectorBytes, full);
       ptx::bulk_load(smem.dsum[stage.index], p.ws.dsum + row, Config::kRowVectorBytes, full);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);

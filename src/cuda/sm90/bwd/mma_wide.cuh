@@ -78,7 +78,7 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
     const DqRegisterAdder<Row> dq_adder(consumer, first_chunk);
     int buffer = 0;
     for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-      const int64_t pair = int64_t(work.batch) * p.heads_q + h;
+      const int64_t row_base = work.template ws_row_base<BlockM>(p, h);
       for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
         FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, m_block);
         FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
@@ -127,7 +127,7 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         ptx::wgmma_wait_group<2>();  // dQ landed; dV and dK may still run
         ptx::wgmma_fence_operand(dq);
         FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_turn);  // deterministic: the turn; else the reds' issue
-        dq_adder.add(p, work, dq, pair, m_block);
+        dq_adder.add(p, work, dq, row_base, m_block);
         FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
         FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
         ptx::wgmma_wait_group<0>();

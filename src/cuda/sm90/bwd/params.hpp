@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "numerics/host_device.hpp"
 #include "numerics/mask.hpp"
 #include "numerics/online_softmax.hpp"
 #include "trace/format.hpp"
@@ -20,16 +21,27 @@ struct StridedRows {
   bool chunks_aligned = true; // base 16-byte aligned, strides multiples of 8: 8 columns are one 16-byte access
 };
 
-// The workspace, as bwd/config.hpp lays it out.
+// The workspace, as bwd/config.hpp lays it out (regions: batch·heads_q pairs of rows_padded rows, or for a
+// variable-length batch heads_q regions of rows_total rows).
 struct BwdWorkspace {
-  float* dq_accum = nullptr;  // [chains][batch·heads_q][rows_padded/64][head_dim/64] units of 64 × 64
-  float* lse_log2 = nullptr;  // [batch·heads_q][rows_padded]
-  float* dsum = nullptr;      // [batch·heads_q][rows_padded]
-  int32_t* dq_turn = nullptr; // [chains][batch·heads_q][rows_padded/block_m][consumer warpgroups]
-  int32_t rows_padded = 0;
+  float* dq_accum = nullptr;  // [chains][regions][region rows/64][head_dim/64] units of 64 × 64
+  float* lse_log2 = nullptr;  // [regions][region rows]
+  float* dsum = nullptr;      // [regions][region rows]
+  int32_t* dq_turn = nullptr; // [chains][regions][region rows/block_m][consumer warpgroups]
+  int32_t rows_padded = 0;    // a sequence's rows padded to block_m (dense: the region's rows)
+  int64_t rows_total = 0;     // variable-length batches: a head's region (0: dense)
   int32_t chains = 1;  // deterministic mode's turn chains (dq_turn_of); 1 otherwise
   int64_t dq_accum_copy_floats = 0, dq_turn_copy_counters = 0;  // one chain's share of dq_accum and dq_turn
 };
+
+// The workspace row of query row 0 of (batch, head): every LSE₂ / D index is this plus the row, a dQ unit's row
+// chunk this / 64 plus the row / 64, a turn counter's tile this / block_m plus m_block. Dense: pair · rows_padded;
+// a variable-length batch (ws.rows_total > 0, q_row0 = cu_seqlens_q[batch]): the compact layout's base(b).
+FA4_HD int64_t bwd_ws_row_base(const BwdWorkspace& ws, int64_t batch, int64_t head, int64_t heads_q, int64_t q_row0,
+                               int block_m) {
+  if (ws.rows_total == 0) return (batch * heads_q + head) * ws.rows_padded;
+  return head * ws.rows_total + (q_row0 + batch * block_m) / block_m * block_m;
+}
 
 struct BwdParams {
   // Rank-4 maps {head_dim, seqlen, heads, batch}; boxes {64, block_m, 1, 1} for Q and dO, {64, block_n, 1, 1}

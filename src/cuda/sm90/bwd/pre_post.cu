@@ -25,19 +25,23 @@ static_assert(kPreThreads >= kBwdMaxConsumerWarpgroups * kBwdMaxDetChains,
               "a preprocess CTA zeroes every turn counter of a query tile with one thread each");
 constexpr int kRowsPerCta = kDqUnitRows;
 
-// The CTA's 64 rows of (batch, head) pair `pair`: rows < seqlen hold data, at tensor rows row0 + row of batch
-// `tensor_batch` (a variable-length batch: its sequence's rows of the packed tensors, batch 0).
+// The CTA's 64 rows (chunk `chunk` of its sequence) of (batch, head): rows < seqlen hold data, at tensor rows
+// row0 + row of batch `tensor_batch` (a variable-length batch: its sequence's rows of the packed tensors, batch 0);
+// the chunk's workspace rows start at ws_row (bwd_ws_row_base + chunk · 64). A variable-length batch's grid spans
+// the longest sequence's tiles: a chunk past its own sequence's last tile has no workspace rows (`owned` false:
+// they are the next sequence's) and does nothing.
 struct RowChunk {
-  int64_t pair, batch, head, chunk, chunks;
+  int64_t batch, head, chunk, ws_row;
   int64_t seqlen, row0, tensor_batch;
+  bool owned;
 };
 __device__ __forceinline__ RowChunk row_chunk(const BwdPrePostParams& p) {
   RowChunk c;
-  c.chunks = p.ws.rows_padded / kRowsPerCta;
-  c.chunk = int64_t(blockIdx.x) % c.chunks;
-  c.pair = int64_t(blockIdx.x) / c.chunks;
-  c.head = c.pair % p.heads_q;
-  c.batch = c.pair / p.heads_q;
+  const int64_t chunks = p.ws.rows_padded / kRowsPerCta;
+  c.chunk = int64_t(blockIdx.x) % chunks;
+  const int64_t pair = int64_t(blockIdx.x) / chunks;
+  c.head = pair % p.heads_q;
+  c.batch = pair / p.heads_q;
   if (p.cu_seqlens_q != nullptr) {
     c.row0 = p.cu_seqlens_q[c.batch];
     c.seqlen = p.cu_seqlens_q[c.batch + 1] - c.row0;
@@ -45,6 +49,8 @@ __device__ __forceinline__ RowChunk row_chunk(const BwdPrePostParams& p) {
   } else {
     c.row0 = 0, c.seqlen = p.seqlen_q, c.tensor_batch = c.batch;
   }
+  c.owned = c.chunk * kRowsPerCta < (c.seqlen + p.block_m - 1) / p.block_m * p.block_m || p.ws.rows_total == 0;
+  c.ws_row = bwd_ws_row_base(p.ws, c.batch, c.head, p.heads_q, c.row0, p.block_m) + c.chunk * kRowsPerCta;
   return c;
 }
 
@@ -144,19 +150,17 @@ __device__ __forceinline__ void row_sums(const BwdPrePostParams& p, const RowChu
 template <bool Bf16>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostParams p) {
   const RowChunk c = row_chunk(p);
+  if (!c.owned) return;
   // Every turn chain's accumulator copy (one outside deterministic mode).
   for (int chain = 0; chain < p.ws.chains; ++chain) {
     float4* accum = reinterpret_cast<float4*>(p.ws.dq_accum + chain * p.ws.dq_accum_copy_floats +
-                                              (c.pair * c.chunks + c.chunk) * (p.head_dim / kDqUnitCols) *
-                                                  int64_t(kDqUnitFloats));
+                                              c.ws_row / kDqUnitRows * p.head_dim * int64_t(kDqUnitRows));
     for (int i = threadIdx.x; i < kRowsPerCta * p.head_dim / 4; i += kPreThreads) accum[i] = make_float4(0, 0, 0, 0);
   }
   // The first row chunk of each main-kernel query tile zeroes the tile's deterministic-mode turn counters.
-  const int64_t rows = c.chunk * kRowsPerCta;
-  if (rows % p.block_m == 0 && threadIdx.x < p.turns_per_tile * p.ws.chains) {
+  if (c.ws_row % p.block_m == 0 && threadIdx.x < p.turns_per_tile * p.ws.chains) {
     const int chain = threadIdx.x / p.turns_per_tile, slot = threadIdx.x % p.turns_per_tile;
-    p.ws.dq_turn[chain * p.ws.dq_turn_copy_counters +
-                 (c.pair * (p.ws.rows_padded / p.block_m) + rows / p.block_m) * p.turns_per_tile + slot] = 0;
+    p.ws.dq_turn[chain * p.ws.dq_turn_copy_counters + c.ws_row / p.block_m * p.turns_per_tile + slot] = 0;
   }
 
   float sum[kPasses];
@@ -165,7 +169,7 @@ __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostPa
 #pragma unroll
   for (int pass = 0; pass < kPasses; ++pass) {
     const int64_t row = pass_row(c, pass);
-    const int64_t index = c.pair * p.ws.rows_padded + row;
+    const int64_t index = c.ws_row + (row - c.chunk * kRowsPerCta);
     float lse2 = INFINITY;  // padding rows and fully masked rows: P = exp2(x - inf) = 0
     if (row < c.seqlen) {
       const float lse =
@@ -194,12 +198,13 @@ template <bool Bf16>
 __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePostParams p) {
   __shared__ alignas(16) uint16_t rounded[kRowsPerCta * kPostPitchMax];
   const RowChunk c = row_chunk(p);
+  if (!c.owned) return;
   const int thread = threadIdx.x;
   const int units = p.head_dim / kDqUnitCols;
   const int pitch = p.head_dim + 8;
   const bool through_smem = p.dq.chunks_aligned;
   const float4* accum =
-      reinterpret_cast<const float4*>(p.ws.dq_accum + (c.pair * c.chunks + c.chunk) * units * int64_t(kDqUnitFloats));
+      reinterpret_cast<const float4*>(p.ws.dq_accum + c.ws_row / kDqUnitRows * units * int64_t(kDqUnitFloats));
   for (int unit = 0; unit < units; ++unit)
 #pragma unroll
     for (int g = 0; g < kDqUnitCols / 8; ++g) {
@@ -250,7 +255,8 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
 // The sinks' gradient: dsink_h = -Σ over batch and rows of P_sink · D, P_sink = exp2(sink·log2e - LSE₂) (the
 // sink's value is zero, so its dP is 0). Padding and fully masked rows have LSE₂ = +inf (P_sink = 0) and D = 0.
 // One CTA per query head; each thread sums a fixed stride of rows in fp64, then a fixed tree: the same bits on
-// every run (deterministic mode needs nothing more).
+// every run (deterministic mode needs nothing more). A variable-length batch's rows past a sequence's length
+// are skipped (in the compact layout they may be the next sequence's or unwritten).
 constexpr int kSinkThreads = 256;
 
 __global__ void __launch_bounds__(kSinkThreads) bwd_sink_gradient(const BwdPrePostParams p, int64_t batch) {
@@ -260,7 +266,13 @@ __global__ void __launch_bounds__(kSinkThreads) bwd_sink_gradient(const BwdPrePo
   const int64_t rows = p.ws.rows_padded;
   double sum = 0.0;
   for (int64_t i = threadIdx.x; i < batch * rows; i += kSinkThreads) {
-    const int64_t index = ((i / rows) * p.heads_q + head) * rows + i % rows;
+    const int64_t b = i / rows, row = i % rows;
+    int64_t row0 = 0;
+    if (p.cu_seqlens_q != nullptr) {
+      row0 = p.cu_seqlens_q[b];
+      if (row >= p.cu_seqlens_q[b + 1] - row0) continue;
+    }
+    const int64_t index = bwd_ws_row_base(p.ws, b, head, p.heads_q, row0, p.block_m) + row;
     const double d = p.ws.dsum[index];
     if (d != 0.0) sum += exp2(sink2 - double(p.ws.lse_log2[index])) * d;
   }

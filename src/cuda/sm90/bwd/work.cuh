@@ -29,10 +29,15 @@ struct BwdWork {
   __device__ __forceinline__ int32_t q_row0() const { return 0; }
   __device__ __forceinline__ int32_t k_row0() const { return 0; }
   __device__ __forceinline__ int32_t tensor_batch() const { return batch; }
+  // The workspace row of query head h's row 0 (bwd_ws_row_base): the pair's padded rows.
+  template <int BlockM>
+  __device__ __forceinline__ int64_t ws_row_base(const BwdParams& p, int32_t h) const {
+    return (int64_t(batch) * p.heads_q + h) * p.ws.rows_padded;
+  }
 };
 
 // A CTA of a variable-length batch: `batch` is its sequence, whose rows start at geo's offsets in the packed
-// tensors (mapped and addressed as batch 1); the workspace is laid out as a dense batch of max_seqlen_q rows.
+// tensors (mapped and addressed as batch 1); its workspace rows are at base(batch) of each head's compact region.
 struct BwdVarlenWork : BwdWork {
   static constexpr bool kVarlen = true;
   SeqGeometry geo;
@@ -44,6 +49,10 @@ struct BwdVarlenWork : BwdWork {
   __device__ __forceinline__ int32_t q_row0() const { return geo.q_row0; }
   __device__ __forceinline__ int32_t k_row0() const { return geo.k_row0; }
   __device__ __forceinline__ int32_t tensor_batch() const { return 0; }
+  template <int BlockM>
+  __device__ __forceinline__ int64_t ws_row_base(const BwdParams& p, int32_t h) const {
+    return int64_t(h) * p.ws.rows_total + (int64_t(geo.q_row0) + int64_t(batch) * BlockM) / BlockM * BlockM;
+  }
 };
 
 // The query rows [first, last] that see at least one key of key block n_block (first > last: none). Row i sees
