@@ -87,12 +87,14 @@ void forward_kvcache(const detail::Problem& p, const Tensor& q, const Tensor& k_
 std::vector<int32_t> read_device_ints(const char* call, const char* arg, const int32_t* data, int64_t n,
                                       int device_index, Stream stream);
 
-// The backward's A/B environment overrides (FA4_BWD_CLUSTER, FA4_BWD_DET_HELPER) for this call: throws, naming
+// The backward's A/B environment overrides (FA4_BWD_CLUSTER, FA4_BWD_DET_HELPER, FA4_BWD_DET_CHAINS,
+// FA4_BWD_DET_SLAB_RELEASE) for this call: throws, naming
 // the variable, on a value it cannot take (not a known value; the CTA pair with a variable-length batch), so
 // supports() answers what the call would do.
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen);
 
-// Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator, LSE·log2e, D).
+// Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator (one copy per deterministic
+// turn chain), LSE·log2e, D; a variable-length problem (p.varlen) in the compact layout of its packed rows).
 size_t backward_workspace_bytes(const detail::Problem& p);
 
 // Launches the backward on `stream`: preprocess (D, LSE·log2e, zeroed dQ accumulator), the K/V-stationary main
