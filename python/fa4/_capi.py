@@ -361,8 +361,8 @@ def _workspace_size(pass_, q, k, v, options):
 
 
 def workspace_size_varlen(pass_, q, k, v, varlen, options):
-    """The workspace bytes of a variable-length call (a function of the shapes, options and varlen's batch and
-    max_seqlen_q; the metadata are not read)."""
+    """The workspace bytes of a variable-length call (a function of the shapes, the packed row count, options and
+    varlen's batch and max_seqlen_q; the metadata are not read)."""
     lib = library()
     size = ctypes.c_size_t(0)
     lib.check(lib.fa4_workspace_size_varlen(pass_, q, k, v, ctypes.byref(varlen), ctypes.byref(options),

@@ -365,16 +365,24 @@ void check_varlen_backward(const VarlenCase& c) {
   if (c.sinks) o.sinks = &sinks_dev;
   Options ob = o;
   if (c.sinks) ob.dsinks = &dsinks_dev;
-  // A caller's workspace of the size the library asks for, NaN-filled (the preprocess must write what it reads).
+  // A caller's workspace of the size the library asks for, NaN-filled (the preprocess must write what it reads),
+  // followed by a guard of 64 KiB that must stay as it was (a write past the layout's end is caught).
   const size_t ws_bytes = fa4::workspace_size_varlen(fa4::Pass::backward, packed(d_q.desc()), packed(d_k.desc()),
                                                      packed(d_v.desc()), vl, ob);
+  constexpr size_t kGuardBytes = 64 << 10;
   void* ws_ptr = nullptr;
-  CUDA_OK(cudaMalloc(&ws_ptr, std::max<size_t>(ws_bytes, 16)));
+  CUDA_OK(cudaMalloc(&ws_ptr, ws_bytes + kGuardBytes));
+  auto guard_intact = [&] {
+    std::vector<uint8_t> guard(kGuardBytes);
+    EXPECT_EQ(cudaMemcpy(guard.data(), static_cast<uint8_t*>(ws_ptr) + ws_bytes, kGuardBytes, cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    return std::all_of(guard.begin(), guard.end(), [](uint8_t b) { return b == 0xff; });
+  };
   auto run = [&](VarlenGrads& g) {
     for (const DeviceCopy* t : {&d_dq, &d_dk, &d_dv})
       EXPECT_EQ(cudaMemset(t->desc().data, 0xff, size_t(t->desc().shape[1] * t->desc().shape[2] * d) * 2), cudaSuccess);
     EXPECT_EQ(cudaMemset(d_dsinks, 0xff, size_t(hq) * sizeof(float)), cudaSuccess);
-    EXPECT_EQ(cudaMemset(ws_ptr, 0xff, std::max<size_t>(ws_bytes, 16)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ws_ptr, 0xff, ws_bytes + kGuardBytes), cudaSuccess);
     try {
       fa4::backward_varlen(packed(d_q.desc()), packed(d_k.desc()), packed(d_v.desc()), packed(d_out.desc()),
                            packed(d_dout.desc()), d_lse2, packed(d_dq.desc()), packed(d_dk.desc()),
@@ -384,6 +392,7 @@ void check_varlen_backward(const VarlenCase& c) {
     }
     const cudaError_t e = cudaDeviceSynchronize();
     EXPECT_EQ(e, cudaSuccess) << cudaGetErrorName(e) << " " << cudaGetErrorString(e);
+    EXPECT_TRUE(guard_intact()) << "the backward wrote past the " << ws_bytes << " workspace bytes it asked for";
     d_dq.copy_back(g.dq), d_dk.copy_back(g.dk), d_dv.copy_back(g.dv);
     g.dsinks.assign(size_t(hq), 0.0f);
     EXPECT_EQ(cudaMemcpy(g.dsinks.data(), d_dsinks, size_t(hq) * sizeof(float), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -520,26 +529,33 @@ TEST(GpuVarlenSm90, BackwardEveryInstanceEveryMask) {
   }
 }
 
-// Deterministic mode in 2 and 4 turn chains (FA4_BWD_DET_CHAINS) on a ragged batch: a sequence's key blocks split
-// into chains (block n % chains of its own blocks) whose slabs land in the compact workspace's copies; right, and
-// a second run gives the same bits (check_varlen_backward).
+// Deterministic mode in 1, 2 and 4 turn chains (FA4_BWD_DET_CHAINS): a sequence's key blocks split into chains
+// (block n % chains of its own blocks) whose slabs land in the workspace's copies; right, and a second run gives
+// the same bits (check_varlen_backward). Both workspace layouts: ragged lengths take the compact one (a region per
+// head), equal lengths of whole tiles the per-sequence one (the smaller there).
 TEST(GpuVarlenSm90, BackwardDeterministicChains) {
   REQUIRE_SM90();
   uint64_t seed = 900;
-  for (const char* chains : {"2", "4"})
-    for (int d : {64, 128, 256}) {
-      const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
-      VarlenCase c;
-      c.dtype = DType::bf16, c.head_dim = d;
-      c.len_q = {77, 0, 1, 300, 129, 40};
-      c.len_k = {45, 3, 1, 700, 129, 600};
-      c.spare_q = 9, c.spare_k = 21;
-      c.options.deterministic = true;
-      c.options.causal = d != 128;
-      c.seed = seed++;
-      SCOPED_TRACE(std::string("FA4_BWD_DET_CHAINS=") + chains);
-      check_varlen_backward(c);
-    }
+  for (const char* chains : {"1", "2", "4"})
+    for (int d : {64, 128, 256})
+      for (bool ragged : {true, false}) {
+        const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+        VarlenCase c;
+        c.dtype = DType::bf16, c.head_dim = d;
+        if (ragged) {
+          c.len_q = {77, 0, 1, 300, 129, 40};
+          c.len_k = {45, 3, 1, 700, 129, 600};
+          c.spare_q = 9, c.spare_k = 21;
+        } else {
+          c.len_q = {256, 256, 256, 256};
+          c.len_k = {640, 256, 512, 600};
+        }
+        c.options.deterministic = true;
+        c.options.causal = d != 128;
+        c.seed = seed++;
+        SCOPED_TRACE(std::string("FA4_BWD_DET_CHAINS=") + chains + (ragged ? " ragged" : " equal lengths"));
+        check_varlen_backward(c);
+      }
 }
 
 TEST(GpuVarlenSm90, BackwardSequsedKGqaAndManySequences) {

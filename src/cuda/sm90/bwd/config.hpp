@@ -73,7 +73,8 @@ inline constexpr int kDqUnitFloats = kDqUnitRows * kDqUnitCols;
 // batch·heads + head holds rows_padded rows; a variable-length batch packs them (FlashAttention-3's layout): one
 // region per head of rows_total = round_up(total_q + batch·block_m, block_m) rows, sequence b's from
 // base(b) = ⌊(cu_seqlens_q[b] + b·block_m) / block_m⌋·block_m (bwd_ws_row_base; base(b + 1) − base(b) ≥
-// round_up(len_b, block_m), so tiles never overlap), so the size follows the tokens, not sequences × longest.
+// round_up(len_b, block_m), so tiles never overlap), so the size follows the tokens, not sequences × longest
+// (where that is smaller; else a variable-length batch keeps per-sequence regions of rows_padded rows).
 //   dq_accum  fp32 [chains][regions][region rows/64][head_dim/64] units (zeroed by the preprocess kernel)
 //   lse_log2  fp32 [regions][region rows]  LSE·log2(e); +inf for padding and fully masked rows (P = 0)
 //   dsum      fp32 [regions][region rows]  D = rowsum(dO ∘ O); 0 for padding
@@ -101,11 +102,15 @@ constexpr BwdWorkspaceLayout bwd_workspace_layout(int row, int64_t batch, int64_
   if (row < 0) return w;
   const BwdTile t = kBwdTiles[row];
   w.rows_padded = (seqlen_q + t.block_m - 1) / t.block_m * t.block_m;
-  if (varlen_total_q >= 0)
-    w.rows_total = (varlen_total_q + batch * t.block_m + t.block_m - 1) / t.block_m * t.block_m;
+  // The compact layout where it is the smaller (packed rows may include rows of no sequence, and equal lengths
+  // of whole tiles need batch·block_m rows more than the per-sequence layout): rows_total 0 keeps the latter.
+  if (varlen_total_q >= 0) {
+    const int64_t rows_total = (varlen_total_q + batch * t.block_m + t.block_m - 1) / t.block_m * t.block_m;
+    if (rows_total < batch * w.rows_padded) w.rows_total = rows_total;
+  }
   w.chains = chains;
-  const size_t regions = varlen_total_q >= 0 ? size_t(heads_q) : size_t(batch) * size_t(heads_q);
-  const size_t rows = size_t(varlen_total_q >= 0 ? w.rows_total : w.rows_padded);
+  const size_t regions = w.rows_total > 0 ? size_t(heads_q) : size_t(batch) * size_t(heads_q);
+  const size_t rows = size_t(w.rows_total > 0 ? w.rows_total : w.rows_padded);
   w.dq_accum_copy_floats = regions * rows * size_t(t.head_dim);
   w.dq_turn_copy_counters = regions * (rows / size_t(t.block_m)) * size_t(bwd_consumer_warpgroups(t));
   w.dq_accum = 0;

@@ -37,7 +37,8 @@ struct BwdWork {
 };
 
 // A CTA of a variable-length batch: `batch` is its sequence, whose rows start at geo's offsets in the packed
-// tensors (mapped and addressed as batch 1); its workspace rows are at base(batch) of each head's compact region.
+// tensors (mapped and addressed as batch 1); its workspace rows are at base(batch) of each head's compact region
+// (or its own padded rows where that layout is the smaller: bwd_ws_row_base).
 struct BwdVarlenWork : BwdWork {
   static constexpr bool kVarlen = true;
   SeqGeometry geo;
@@ -51,7 +52,7 @@ struct BwdVarlenWork : BwdWork {
   __device__ __forceinline__ int32_t tensor_batch() const { return 0; }
   template <int BlockM>
   __device__ __forceinline__ int64_t ws_row_base(const BwdParams& p, int32_t h) const {
-    return int64_t(h) * p.ws.rows_total + (int64_t(geo.q_row0) + int64_t(batch) * BlockM) / BlockM * BlockM;
+    return bwd_ws_row_base(p.ws, batch, h, p.heads_q, geo.q_row0, BlockM);
   }
 };
 
