@@ -37,13 +37,18 @@ struct BwdTile {
   int block_n;  // keys per CTA = 64 · consumer warpgroups
   int stages;   // depth of the Q/dO/LSE/D ring
   bool column_split = false;  // the warpgroups share the keys and split the head dim (mma_wide.cuh)
+  // Deterministic mode's turn chains (dq_turn_of; FA4_BWD_DET_CHAINS overrides): perf-log B14 (H100, 4aa99ca):
+  // two chains lift d = 64 from 0.74 / 0.83 to 0.80 / 0.94 of the default (2k / 8k) and d = 256 at 2k from 0.78
+  // to 0.81-0.83; d = 128 loses (0.85 / 0.93 -> 0.81-0.83 / 0.87-0.89: its chain is half as long per query tile,
+  // and a second accumulator copy doubles the reduce-adds' L2 footprint). d = 192 follows d = 256 (unmeasured).
+  int det_chains = 1;
 };
 
 inline constexpr BwdTile kBwdTiles[] = {
-    {64, 128, 128, 2},
-    {128, 64, 128, 2},
-    {192, 64, 64, 2, true},
-    {256, 64, 64, 2, true},
+    {64, 128, 128, 2, false, 2},
+    {128, 64, 128, 2, false, 1},
+    {192, 64, 64, 2, true, 2},
+    {256, 64, 64, 2, true, 2},
 };
 inline constexpr int kBwdRows = int(sizeof(kBwdTiles) / sizeof(kBwdTiles[0]));
 
@@ -93,6 +98,12 @@ struct BwdWorkspaceLayout {
 constexpr size_t align_up_256(size_t x) { return (x + 255) / 256 * 256; }
 
 inline constexpr int kBwdMaxDetChains = 4;
+constexpr bool every_det_chains_fit() {
+  for (const BwdTile& t : kBwdTiles)
+    if (t.det_chains < 1 || t.det_chains > kBwdMaxDetChains) return false;
+  return true;
+}
+static_assert(every_det_chains_fit(), "a row's deterministic chain count the workspace layout holds");
 
 // varlen_total_q >= 0: a variable-length batch of `batch` sequences and that many packed query rows (seqlen_q is
 // the longest sequence's).

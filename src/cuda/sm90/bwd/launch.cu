@@ -74,12 +74,12 @@ bool det_turn_helpers(const char* call) {
 
 // Deterministic mode's turn chains (dq_turn_of): key block n adds into accumulator copy n % chains in the chain's
 // own turn order, so the CTAs of a wave wait for 1/chains of the links before their first add, at the cost of
-// zeroing and summing chains - 1 more fp32 dQ copies. FA4_BWD_DET_CHAINS (1, 2 or 4) overrides the default for
-// A/B runs; any other value is an error. Outside deterministic mode: 1 (a set value is still checked).
-constexpr int kDefaultDetChains = 1;
+// zeroing and summing chains - 1 more fp32 dQ copies. The default is the tile row's (kBwdTiles, perf-log B14);
+// FA4_BWD_DET_CHAINS (1, 2 or 4) overrides it for A/B runs, any other value is an error. Outside deterministic
+// mode: 1 (a set value is still checked).
 int det_chains(const char* call, const detail::Problem& p) {
-  static_assert(kDefaultDetChains >= 1 && kDefaultDetChains <= kBwdMaxDetChains, "a chain count the layout holds");
-  int chains = kDefaultDetChains;
+  const int row = bwd_row(int(p.head_dim));
+  int chains = row >= 0 ? kBwdTiles[row].det_chains : 1;
   const char* env = std::getenv("FA4_BWD_DET_CHAINS");
   if (env != nullptr && *env != '\0') {
     const std::string value(env);
@@ -91,12 +91,13 @@ int det_chains(const char* call, const detail::Problem& p) {
   return p.deterministic ? chains : 1;
 }
 
-// Deterministic key-split rows: FA4_BWD_DET_SLAB_RELEASE=1 passes each dQ slab's turn on as soon as its own add
-// is performed (an A/B switch, off by default until measured; any value but 0 or 1 is an error).
+// Deterministic key-split rows: the dQ writer passes each slab's turn on as soon as its own add is performed (on
+// by default since perf-log B14: +0.6-2% on top of two chains, one rep on an H100); FA4_BWD_DET_SLAB_RELEASE=0
+// passes both after the tile's last, for A/B runs; any value but 0 or 1 is an error.
 bool det_slab_release(const char* call) {
   const char* env = std::getenv("FA4_BWD_DET_SLAB_RELEASE");
-  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
-  if (std::string(env) == "1") return true;
+  if (env == nullptr || *env == '\0' || std::string(env) == "1") return true;
+  if (std::string(env) == "0") return false;
   throw Error(Status::invalid_argument,
               std::string(call) + ": environment FA4_BWD_DET_SLAB_RELEASE: expected 0 or 1, got '" + env + "'");
 }

@@ -72,7 +72,7 @@ struct BwdParams {
   // FA4_BWD_DET_HELPER=0 turns it off).
   bool det_turn_helpers = false;
   // Deterministic key-split rows: the dQ writer passes each slab's turn once that slab's add is performed, not
-  // after the tile's last (FA4_BWD_DET_SLAB_RELEASE, an A/B switch; perf-log B14).
+  // after the tile's last (the default; FA4_BWD_DET_SLAB_RELEASE=0 is off; perf-log B14).
   bool det_slab_release = false;
   // Variable-length batches (the bwd_kernel<..., Varlen = true> instances only; null otherwise): q, dout, k, v,
   // dk, dv are their packed rows mapped as batch 1; sequence b has query rows cu_seqlens_q[b] .. [b + 1] and keys
