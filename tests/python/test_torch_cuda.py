@@ -586,6 +586,10 @@ def test_varlen_backward_under_compile_and_in_a_cuda_graph(causal):
     broadcast = dout[:1].expand(dout.shape)  # strides (0, d, 1): the sum over rows' gradient, as autograd hands it
     assert all(torch.isfinite(t).all() for t in step(q, k, v, broadcast))
 
+    # The graph on fresh leaves: an autograd leaf keeps the stream of its first backward (PyTorch #164302), and the
+    # steps above ran on the default stream, which a capture on another stream may not wait on (the first run of
+    # this test failed with cudaErrorStreamCaptureImplicit that way); PyTorch's recipe warms up on a side stream.
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
