@@ -366,8 +366,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     (one per head, shared by every sequence; its gradient sums over them). CPU tensors run on the CPU backend;
     on CUDA tensors the sm_90a varlen kernels run both passes (cu_seqlens are trusted, as FlashAttention does;
     the forward leaves rows of no sequence as they are, the backward gives them zero gradients). The CUDA
-    backward's workspace (from torch's allocator) is laid out per sequence at max_seqlen_q rows: about
-    batch · heads · max_seqlen_q · (head_dim + 2) · 4 bytes. num_splits as flash_attn_func's (0 or 1 on CUDA)."""
+    backward's workspace (from torch's allocator) follows the packed rows: about heads · (total_q + batch ·
+    block_m) · (head_dim + 2) · 4 bytes (block_m 64 or 128), or batch · heads · max_seqlen_q · (head_dim + 2) · 4
+    where that is smaller; deterministic mode adds a dQ copy per turn chain. num_splits as flash_attn_func's (0
+    or 1 on CUDA)."""
     call = "fa4.flash_attn_varlen_func"
     if dropout_p != 0.0:
         raise UnsupportedError(f"{call}: argument 'dropout_p': expected 0.0 (fa4 has no attention dropout), got "
