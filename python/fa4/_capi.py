@@ -333,7 +333,7 @@ def supports_kvcache(q, k_cache, v_cache, kvcache, options):
     return status, reason.value.decode(errors="replace")
 
 
-_WORKSPACE_CACHE = {}  # (pass, descriptors without their data pointers, options bytes) -> bytes
+_WORKSPACE_CACHE = {}  # (pass, descriptors without their data pointers, options bytes, FA4_BWD_DET_CHAINS) -> bytes
 
 
 def workspace_size(pass_, q, k, v, options):

@@ -159,13 +159,14 @@ void for_each_sweep_case(fa4::DType dtype, int head_dim, const Shape (&shapes)[N
     }
 }
 
-// Sets an environment variable (a kernel's A/B override: the library reads them at every call) for a scope, then
-// restores it.
+// Sets an environment variable (a kernel's A/B override: the library reads them at every call) for a scope, or
+// unsets it (value null), then restores it.
 class EnvOverride {
  public:
   EnvOverride(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) saved_ = old;
-    setenv(name, value, 1);
+    if (value != nullptr) setenv(name, value, 1);
+    else unsetenv(name);
   }
   ~EnvOverride() {
     if (saved_) setenv(name_, saved_->c_str(), 1);

@@ -399,7 +399,7 @@ TEST(GpuBackwardSm90, DeterministicTurnHelpersMatchTheInlineTurns) {
     }
 }
 
-// Deterministic mode in 2 and 4 turn chains (FA4_BWD_DET_CHAINS; key block n adds into accumulator copy n % chains
+// Deterministic mode in 1, 2 and 4 turn chains (FA4_BWD_DET_CHAINS; key block n adds into accumulator copy n % chains
 // in the chain's own order, the postprocess sums the copies): right, and bitwise repeatable; with and without the
 // dQ writer's per-slab turn release (FA4_BWD_DET_SLAB_RELEASE, key-split rows) and the column-split rows' turn
 // helpers. Causal and a sliding window (a block's turn is not its index), GQA; grids of up to 1024 CTAs, more than
@@ -412,7 +412,7 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
     const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
     EXPECT_EQ(r.repeats_differing, 0) << c.name() << " " << what << ": runs whose gradients differ from the first, of 3";
   };
-  for (const char* chains : {"2", "4"}) {
+  for (const char* chains : {"1", "2", "4"}) {
     const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
     for (const char* release : {"0", "1"}) {
       const EnvOverride slab_release("FA4_BWD_DET_SLAB_RELEASE", release);
@@ -447,21 +447,27 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
       run(c, (std::string("chains ") + chains + ", no turn helpers").c_str());
     }
   }
-  // The workspace holds one accumulator copy and counter set per chain, in deterministic mode only.
+  // The workspace holds one accumulator copy and counter set per chain, in deterministic mode only; unset, the
+  // count is the tile row's (kBwdTiles: 1 at d = 128, 2 at d = 64).
   auto q = HostTensor::make(DType::bf16, {2, 512, 4, 128});
   q.fill_normal(1);
-  DeviceCopy t(q, size_t(q.numel()));
+  auto q64 = HostTensor::make(DType::bf16, {2, 512, 4, 64});
+  q64.fill_normal(2);
+  DeviceCopy t(q, size_t(q.numel())), t64(q64, size_t(q64.numel()));
   const fa4::Tensor& x = t.desc();
+  const fa4::Tensor& x64 = t64.desc();
   fa4::Options det;
   det.deterministic = true;
-  auto bytes = [&](const char* chains, const fa4::Options& o) {
+  auto bytes = [&](const char* chains, const fa4::Options& o, const fa4::Tensor& in) {
     const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
-    return fa4::workspace_size(fa4::Pass::backward, x, x, x, o);
+    return fa4::workspace_size(fa4::Pass::backward, in, in, in, o);
   };
   const size_t accum = size_t(2) * 4 * 512 * 128 * 4;  // one fp32 dQ copy
-  EXPECT_GE(bytes("4", det), bytes("1", det) + 3 * accum);
-  EXPECT_GE(bytes("2", det), bytes("1", det) + accum);
-  EXPECT_EQ(bytes("4", fa4::Options{}), bytes("1", fa4::Options{}));
+  EXPECT_GE(bytes("4", det, x), bytes("1", det, x) + 3 * accum);
+  EXPECT_GE(bytes("2", det, x), bytes("1", det, x) + accum);
+  EXPECT_EQ(bytes("4", fa4::Options{}, x), bytes("1", fa4::Options{}, x));
+  EXPECT_EQ(bytes(nullptr, det, x), bytes("1", det, x));
+  EXPECT_EQ(bytes(nullptr, det, x64), bytes("2", det, x64));
 }
 
 // What the backward cannot take is refused with a message naming the argument, before anything is written.

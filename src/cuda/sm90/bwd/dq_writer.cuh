@@ -43,9 +43,8 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   // The accumulator unit of warpgroup c's slab of query tile m_block.
   auto slab_of = [&](int64_t row_base, int32_t m_block, int c) {
     const int first_unit = c * Config::kDqUnitsPerWarpgroup;
-    return dq_accum_unit<Config>(
-        p, dq_chain_of(p, work), row_base, int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks,
-        first_unit % Config::kHeadDimChunks);
+    const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks;
+    return dq_accum_unit<Config>(p, dq_chain_of(p, work), row_base, row_chunk, first_unit % Config::kHeadDimChunks);
   };
   auto take_slab = [&](int c) {  // waits until warpgroup c's slab is staged
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);

@@ -107,7 +107,7 @@ struct Overrides {
   PairMode pair;
   bool turn_helpers = true;
   int chains = 1;
-  bool slab_release = false;
+  bool slab_release = true;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
   Overrides o{pair_mode(call, tile, p), det_turn_helpers(call), det_chains(call, p), det_slab_release(call)};
