@@ -470,6 +470,42 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
   EXPECT_EQ(bytes(nullptr, det, x64), bytes("2", det, x64));
 }
 
+// FA4_BWD_DET_STORE_FIRST=1: each chain's first adder stores its slab (nothing zeroed; the postprocess skips a copy
+// whose counter stayed 0): the same values as the zeroed copies (x = 0 + x; ±0 compare equal), right, repeatable;
+// one and two chains, every row kind (the writer's bulk store, the register stores with and without the turn
+// helpers), causal (tiles a chain never visits) and a window.
+TEST(GpuBackwardSm90, DeterministicStoreFirstMatchesTheZeroedCopies) {
+  REQUIRE_SM90();
+  for (const char* chains : {"1", "2"})
+    for (const char* helpers : {"1", "0"})
+      for (int d : {64, 128, 192, 256})
+        for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
+          if (d <= 128 && std::string(helpers) == "0") continue;  // the turn helpers are column-split rows'
+          const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+          const EnvOverride turn_helpers("FA4_BWD_DET_HELPER", helpers);
+          BwdCase c;
+          c.head_dim = d;
+          c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
+          c.options = options_for(m);
+          if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
+          c.options.deterministic = true;
+          c.seed = 7900 + uint64_t(d) + uint64_t(m);
+          SCOPED_TRACE(std::string("chains ") + chains + ", helpers " + helpers);
+          BwdResult zeroed;
+          {
+            const EnvOverride off("FA4_BWD_DET_STORE_FIRST", "0");
+            zeroed = run_backward_on_gpu(c, /*with_reference=*/false);
+          }
+          const EnvOverride on("FA4_BWD_DET_STORE_FIRST", "1");
+          check_backward_case(c);
+          const BwdResult stored = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+          EXPECT_EQ(stored.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+          EXPECT_TRUE(stored.dq_values == zeroed.dq_values) << c.name() << ": dQ differs from the zeroed copies'";
+          EXPECT_TRUE(stored.dk_values == zeroed.dk_values) << c.name() << ": dK differs";
+          EXPECT_TRUE(stored.dv_values == zeroed.dv_values) << c.name() << ": dV differs";
+        }
+}
+
 // What the backward cannot take is refused with a message naming the argument, before anything is written.
 TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   REQUIRE_SM90();
@@ -508,7 +544,8 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
     EXPECT_NE(s.reason.find("FA4_BWD_CLUSTER"), std::string::npos) << s.reason;
   }
   // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
-  for (const char* name : {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE"}) {
+  for (const char* name :
+       {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST"}) {
     const EnvOverride bad(name, "3");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});

@@ -532,14 +532,17 @@ TEST(GpuVarlenSm90, BackwardEveryInstanceEveryMask) {
 // Deterministic mode in 1, 2 and 4 turn chains (FA4_BWD_DET_CHAINS): a sequence's key blocks split into chains
 // (block n % chains of its own blocks) whose slabs land in the workspace's copies; right, and a second run gives
 // the same bits (check_varlen_backward). Both workspace layouts: ragged lengths take the compact one (a region per
-// head), equal lengths of whole tiles the per-sequence one (the smaller there).
+// head), equal lengths of whole tiles the per-sequence one (the smaller there). Two chains also with each chain's
+// first adder storing its slab (FA4_BWD_DET_STORE_FIRST=1: no copy zeroed; tiles a chain never visits skipped).
 TEST(GpuVarlenSm90, BackwardDeterministicChains) {
   REQUIRE_SM90();
   uint64_t seed = 900;
-  for (const char* chains : {"1", "2", "4"})
+  for (const char* chains : {"1", "2", "4", "2 store-first"})
     for (int d : {64, 128, 256})
       for (bool ragged : {true, false}) {
-        const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+        const bool store_first = std::string(chains) == "2 store-first";
+        const EnvOverride chain_count("FA4_BWD_DET_CHAINS", store_first ? "2" : chains);
+        const EnvOverride first_stores("FA4_BWD_DET_STORE_FIRST", store_first ? "1" : "0");
         VarlenCase c;
         c.dtype = DType::bf16, c.head_dim = d;
         if (ragged) {

@@ -14,4 +14,9 @@ __device__ __forceinline__ void red_global_add_v4(float* address, float a, float
 #endif
 }
 
+// The plain store of the same four floats (16-byte aligned address): the first adder of a deterministic chain.
+__device__ __forceinline__ void st_global_v4(float* address, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(address) = make_float4(a, b, c, d);
+}
+
 }  // namespace fa4::ptx

@@ -68,6 +68,12 @@ __device__ __forceinline__ void bulk_reduce_add(float* gmem_dst, const float* sm
                                     gmem_dst, smem_src, bytes);
 }
 
+// gmem_dst[i] = smem_src[i] for bytes / 4 floats (cp.async.bulk.global.shared::cta.bulk_group), in the bulk
+// group of this thread, retired like bulk_reduce_add's.
+__device__ __forceinline__ void bulk_store(float* gmem_dst, const float* smem_src, uint32_t bytes) {
+  ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, gmem_dst, smem_src, bytes);
+}
+
 // Pulls the descriptor into the TMA unit's cache ahead of the first copy (one thread, at kernel start).
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -202,11 +202,13 @@ class DqRegisterAdder {
     }
     const int32_t chain = dq_chain_of(p, work);
     float* units = dq_accum_unit<Config>(p, chain, row_base, m_block, first_chunk_) + thread * 4;
+    // The chain's first slab of the tile is stored, not added (p.det_store_first: nothing was zeroed).
+    const bool store = p.det_store_first && dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block) == 0;
     if (p.det_turn_helpers) {
       // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
       // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
       ptx::named_barrier_sync(turn_granted_barrier(consumer_), kWarpgroupThreads + 32);
-      add_all(units, dq);
+      store ? store_all(units, dq) : add_all(units, dq);
       ptx::named_barrier_arrive(adds_issued_barrier(consumer_), kWarpgroupThreads + 32);
       return;
     }
@@ -214,7 +216,7 @@ class DqRegisterAdder {
         dq_turn_counter<Config>(p, chain, row_base, m_block, consumer_));
     if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
-    add_all(units, dq);
+    store ? store_all(units, dq) : add_all(units, dq);
     __threadfence();
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
     if (thread == 0) counter.fetch_add(1, ::cuda::memory_order_release);
@@ -228,6 +230,14 @@ class DqRegisterAdder {
     for (int g = 0; g < N / 8; ++g)
       ptx::red_global_add_v4(units + g * kWarpgroupThreads * 4, dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2],
                              dq.reg[4 * g + 3]);
+  }
+
+  template <int N>
+  __device__ static void store_all(float* units, const ptx::WgmmaAccumulator<N>& dq) {
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g)
+      ptx::st_global_v4(units + g * kWarpgroupThreads * 4, dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2],
+                        dq.reg[4 * g + 3]);
   }
 
   uint32_t barrier_;

@@ -97,7 +97,10 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
           wait_for_turn(counter, turn);
           FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
           ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
-          ptx::bulk_reduce_add(slab_of(row_base, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+          if (p.det_store_first && turn == 0)  // the chain's first slab of the tile: nothing to add it to
+            ptx::bulk_store(slab_of(row_base, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+          else
+            ptx::bulk_reduce_add(slab_of(row_base, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
           ptx::tma_store_commit();
           FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
         }

@@ -102,15 +102,28 @@ bool det_slab_release(const char* call) {
               std::string(call) + ": environment FA4_BWD_DET_SLAB_RELEASE: expected 0 or 1, got '" + env + "'");
 }
 
+// Deterministic mode: FA4_BWD_DET_STORE_FIRST=1 has the first adder of each chain store its dQ slab instead of
+// adding it, so the preprocess zeroes no accumulator copy (an A/B switch, off by default until measured; any
+// value but 0 or 1 is an error).
+bool det_store_first(const char* call) {
+  const char* env = std::getenv("FA4_BWD_DET_STORE_FIRST");
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) == "1") return true;
+  throw Error(Status::invalid_argument,
+              std::string(call) + ": environment FA4_BWD_DET_STORE_FIRST: expected 0 or 1, got '" + env + "'");
+}
+
 // The environment overrides of one call, read once: a value the call cannot take is refused by name.
 struct Overrides {
   PairMode pair;
   bool turn_helpers = true;
   int chains = 1;
   bool slab_release = true;
+  bool store_first = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
-  Overrides o{pair_mode(call, tile, p), det_turn_helpers(call), det_chains(call, p), det_slab_release(call)};
+  Overrides o{pair_mode(call, tile, p), det_turn_helpers(call), det_chains(call, p), det_slab_release(call),
+              det_store_first(call)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
@@ -247,6 +260,12 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   pp.head_dim = int32_t(p.head_dim);
   pp.block_m = tile.block_m;
   pp.turns_per_tile = bwd_consumer_warpgroups(tile);
+  pp.deterministic = p.deterministic;
+  pp.det_store_first = p.deterministic && overrides.store_first;
+  pp.column_split = tile.column_split;
+  pp.dq_units_per_slot =
+      tile.column_split ? 1 : (tile.block_m / kDqUnitRows) * (tile.head_dim / kDqUnitCols) / bwd_consumer_warpgroups(tile);
+  pp.dq_wide_chunks0 = (tile.head_dim / kDqUnitCols + 1) / 2;
   pp.scale = p.scale;
   set_sinks(p, pp);
   if (p.seqlen_q > 0)
@@ -260,6 +279,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.pair_dq_exchange = pair.dq_exchange;
     params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
     params.det_slab_release = overrides.slab_release && !tile.column_split && p.deterministic;
+    params.det_store_first = overrides.store_first && p.deterministic;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
       const uint32_t box_rows = uint32_t(params.cluster_pair ? bwd_pair_box_rows(tile) : tile.block_m);

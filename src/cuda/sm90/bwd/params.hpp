@@ -74,6 +74,10 @@ struct BwdParams {
   // Deterministic key-split rows: the dQ writer passes each slab's turn once that slab's add is performed, not
   // after the tile's last (the default; FA4_BWD_DET_SLAB_RELEASE=0 is off; perf-log B14).
   bool det_slab_release = false;
+  // Deterministic mode: the first adder of each chain (turn 0) stores its slab instead of adding it, so the
+  // preprocess zeroes no accumulator copy (FA4_BWD_DET_STORE_FIRST, an A/B switch; the postprocess skips a copy
+  // whose turn counter stayed 0: no block of that chain visited the tile).
+  bool det_store_first = false;
   // Variable-length batches (the bwd_kernel<..., Varlen = true> instances only; null otherwise): q, dout, k, v,
   // dk, dv are their packed rows mapped as batch 1; sequence b has query rows cu_seqlens_q[b] .. [b + 1] and keys
   // from cu_seqlens_k[b] (seqused_k[b] of them when given, else up to cu_seqlens_k[b + 1]). batch above is the
@@ -101,6 +105,11 @@ struct BwdPrePostParams {
   // (lse_stride_b 0), sequence b's rows from cu_seqlens_q[b] (device int32, batch + 1); seqlen_q is the longest.
   const int32_t* cu_seqlens_q = nullptr;
   int32_t block_m = 64, turns_per_tile = 1;  // the main kernel's query tile and dq_turn counters per tile
+  // Deterministic mode (the postprocess reads the turn counters: a copy whose counter is 0 was never written):
+  // the counter slot of a tile's dQ unit (row chunk r of the tile, column chunk u): key-split rows
+  // (r · head_dim/64 + u) / units_per_slot; column-split rows u >= wide_chunks0 (the second warpgroup's chunks).
+  bool deterministic = false, det_store_first = false, column_split = false;
+  int32_t dq_units_per_slot = 1, dq_wide_chunks0 = 0;
   float scale = 1.0f;
   // Attention sinks (fp32 [heads_q], null: none) and their gradient (null: not requested), element strides.
   const float* sinks = nullptr;

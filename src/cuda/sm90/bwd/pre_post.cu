@@ -151,8 +151,9 @@ template <bool Bf16>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostParams p) {
   const RowChunk c = row_chunk(p);
   if (!c.owned) return;
-  // Every turn chain's accumulator copy (one outside deterministic mode).
-  for (int chain = 0; chain < p.ws.chains; ++chain) {
+  // Every turn chain's accumulator copy (one outside deterministic mode); none when each chain's first adder
+  // stores its slab (the postprocess then skips a copy no block of its chain wrote).
+  for (int chain = 0; chain < (p.det_store_first ? 0 : p.ws.chains); ++chain) {
     float4* accum = reinterpret_cast<float4*>(p.ws.dq_accum + chain * p.ws.dq_accum_copy_floats +
                                               c.ws_row / kDqUnitRows * p.head_dim * int64_t(kDqUnitRows));
     for (int i = threadIdx.x; i < kRowsPerCta * p.head_dim / 4; i += kPreThreads) accum[i] = make_float4(0, 0, 0, 0);
@@ -205,13 +206,27 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
   const bool through_smem = p.dq.chunks_aligned;
   const float4* accum =
       reinterpret_cast<const float4*>(p.ws.dq_accum + c.ws_row / kDqUnitRows * units * int64_t(kDqUnitFloats));
-  for (int unit = 0; unit < units; ++unit)
+  for (int unit = 0; unit < units; ++unit) {
+    // Deterministic mode: which chains' copies hold this unit (a copy whose turn counter is 0 was never added to:
+    // zero, or with det_store_first never written). Outside it, the one copy (zeroed by the preprocess).
+    uint32_t written = 1u;
+    if (p.deterministic) {
+      const int64_t tile = c.ws_row / p.block_m;
+      const int row_chunk = int((c.ws_row % p.block_m) / kDqUnitRows);
+      const int slot = p.column_split ? (unit >= p.dq_wide_chunks0 ? 1 : 0)
+                                      : (row_chunk * units + unit) / p.dq_units_per_slot;
+      written = 0u;
+      for (int chain = 0; chain < p.ws.chains; ++chain)
+        if (p.ws.dq_turn[chain * p.ws.dq_turn_copy_counters + tile * p.turns_per_tile + slot] > 0)
+          written |= 1u << chain;
+    }
 #pragma unroll
     for (int g = 0; g < kDqUnitCols / 8; ++g) {
       const int64_t index = (unit * (kDqUnitCols / 8) + g) * kWarpgroupThreads + thread;
-      float4 v = accum[index];
+      float4 v = (written & 1u) ? accum[index] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
       // Deterministic mode's other turn chains, summed in a fixed order (copy 0 first).
       for (int chain = 1; chain < p.ws.chains; ++chain) {
+        if (!(written >> chain & 1u)) continue;
         const float4 w = accum[index + chain * (p.ws.dq_accum_copy_floats / 4)];
         v.x += w.x, v.y += w.y, v.z += w.z, v.w += w.w;
       }
@@ -239,6 +254,7 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
         }
       }
     }
+  }
   if (!through_smem) return;
   __syncthreads();
   const int chunks_per_row = p.head_dim / 8;
