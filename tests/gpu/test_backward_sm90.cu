@@ -506,6 +506,35 @@ TEST(GpuBackwardSm90, DeterministicStoreFirstMatchesTheZeroedCopies) {
         }
 }
 
+// FA4_BWD_PDL=1: the main kernel and the postprocess launched as programmatic dependents of the kernel before each
+// (their set-up overlaps its tail; each waits for it before touching global memory): right, and in deterministic
+// mode the same bits as plain launches; every row kind, causal and not, GQA, tails.
+TEST(GpuBackwardSm90, ProgrammaticLaunchesMatchThePlainOnes) {
+  REQUIRE_SM90();
+  for (int d : {64, 128, 192, 256})
+    for (bool causal : {false, true}) {
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
+      c.options.causal = causal, c.options.deterministic = true;
+      c.seed = 8000 + uint64_t(d) + causal;
+      BwdResult plain;
+      {
+        const EnvOverride off("FA4_BWD_PDL", "0");
+        plain = run_backward_on_gpu(c, /*with_reference=*/false);
+      }
+      const EnvOverride on("FA4_BWD_PDL", "1");
+      check_backward_case(c);
+      const BwdResult dependent = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+      EXPECT_EQ(dependent.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+      EXPECT_TRUE(dependent.dq_values == plain.dq_values) << c.name() << ": dQ differs from the plain launches'";
+      EXPECT_TRUE(dependent.dk_values == plain.dk_values) << c.name() << ": dK differs";
+      EXPECT_TRUE(dependent.dv_values == plain.dv_values) << c.name() << ": dV differs";
+      c.options.deterministic = false;  // and the default mode, against the reference
+      check_backward_case(c);
+    }
+}
+
 // What the backward cannot take is refused with a message naming the argument, before anything is written.
 TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   REQUIRE_SM90();
@@ -545,7 +574,8 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   }
   // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
   for (const char* name :
-       {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST"}) {
+       {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST",
+        "FA4_BWD_PDL"}) {
     const EnvOverride bad(name, "3");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});

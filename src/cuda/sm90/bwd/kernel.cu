@@ -56,8 +56,15 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
         ptx::mbarrier_init(&smem.scratch.dq_pushed_consumed[c], 1);  // the peer's arrival
       }
     ptx::fence_barrier_init();
+    // A postprocess launched as a programmatic dependent (FA4_BWD_PDL) may become resident on the SMs this grid
+    // frees (once every CTA has started) and waits in cudaGridDependencySynchronize until this grid is done.
+    cudaTriggerProgrammaticLaunchCompletion();
   }
   __syncthreads();
+  // Launched as a programmatic dependent of the preprocess (FA4_BWD_PDL): the barriers above were set up while it
+  // drained; nothing reads or writes global memory before it is done (LSE₂, D, the zeroed dQ accumulator and the
+  // turn counters are its). A no-op in a plain launch.
+  cudaGridDependencySynchronize();
   if (paired) ptx::cluster_sync();  // the peer's barriers are initialised before anything signals them
   const auto work = bwd_work<Config::kBlockM, Config::kBlockN, Varlen>(p);
 
@@ -111,7 +118,7 @@ cudaError_t launch_instance(const BwdParams& p, bool varlen, uint32_t grid, cuda
   static_assert(kRow >= 0, "a bwd head dim of instances.def has no row in kBwdTiles (bwd/config.hpp)");
   auto* const kernel = varlen ? bwd_kernel<wgmma_input<Dtype>(), kRow, true> : bwd_kernel<wgmma_input<Dtype>(), kRow, false>;
   return launch_with_dynamic_smem(kernel, grid, BwdConfig<kRow>::kThreads, bwd_smem_bytes<kRow>(), stream, p,
-                                  !varlen && p.cluster_pair ? 2u : 1u);
+                                  !varlen && p.cluster_pair ? 2u : 1u, p.programmatic);
 }
 
 }  // namespace

@@ -113,6 +113,16 @@ bool det_store_first(const char* call) {
               std::string(call) + ": environment FA4_BWD_DET_STORE_FIRST: expected 0 or 1, got '" + env + "'");
 }
 
+// FA4_BWD_PDL=1: the main kernel and the postprocess as programmatic dependent launches of the kernel before each
+// (their launch and set-up overlap its tail; an A/B switch, off by default until measured; any value but 0 or 1
+// is an error).
+bool bwd_pdl(const char* call) {
+  const char* env = std::getenv("FA4_BWD_PDL");
+  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
+  if (std::string(env) == "1") return true;
+  throw Error(Status::invalid_argument, std::string(call) + ": environment FA4_BWD_PDL: expected 0 or 1, got '" + env + "'");
+}
+
 // The environment overrides of one call, read once: a value the call cannot take is refused by name.
 struct Overrides {
   PairMode pair;
@@ -120,10 +130,11 @@ struct Overrides {
   int chains = 1;
   bool slab_release = true;
   bool store_first = false;
+  bool pdl = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
   Overrides o{pair_mode(call, tile, p), det_turn_helpers(call), det_chains(call, p), det_slab_release(call),
-              det_store_first(call)};
+              det_store_first(call), bwd_pdl(call)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
@@ -266,6 +277,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   pp.dq_units_per_slot =
       tile.column_split ? 1 : (tile.block_m / kDqUnitRows) * (tile.head_dim / kDqUnitCols) / bwd_consumer_warpgroups(tile);
   pp.dq_wide_chunks0 = (tile.head_dim / kDqUnitCols + 1) / 2;
+  pp.programmatic = overrides.pdl;
   pp.scale = p.scale;
   set_sinks(p, pp);
   if (p.seqlen_q > 0)
@@ -280,6 +292,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
     params.det_slab_release = overrides.slab_release && !tile.column_split && p.deterministic;
     params.det_store_first = overrides.store_first && p.deterministic;
+    params.programmatic = overrides.pdl;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.
       const uint32_t box_rows = uint32_t(params.cluster_pair ? bwd_pair_box_rows(tile) : tile.block_m);

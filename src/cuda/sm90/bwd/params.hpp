@@ -78,6 +78,9 @@ struct BwdParams {
   // preprocess zeroes no accumulator copy (FA4_BWD_DET_STORE_FIRST, an A/B switch; the postprocess skips a copy
   // whose turn counter stayed 0: no block of that chain visited the tile).
   bool det_store_first = false;
+  // The main kernel as a programmatic dependent launch of the preprocess (FA4_BWD_PDL, an A/B switch): host-side
+  // only (the kernel's cudaGridDependencySynchronize is a no-op in a plain launch).
+  bool programmatic = false;
   // Variable-length batches (the bwd_kernel<..., Varlen = true> instances only; null otherwise): q, dout, k, v,
   // dk, dv are their packed rows mapped as batch 1; sequence b has query rows cu_seqlens_q[b] .. [b + 1] and keys
   // from cu_seqlens_k[b] (seqused_k[b] of them when given, else up to cu_seqlens_k[b + 1]). batch above is the
@@ -110,6 +113,7 @@ struct BwdPrePostParams {
   // (r · head_dim/64 + u) / units_per_slot; column-split rows u >= wide_chunks0 (the second warpgroup's chunks).
   bool deterministic = false, det_store_first = false, column_split = false;
   int32_t dq_units_per_slot = 1, dq_wide_chunks0 = 0;
+  bool programmatic = false;  // the postprocess as a programmatic dependent launch of the main kernel (FA4_BWD_PDL)
   float scale = 1.0f;
   // Attention sinks (fp32 [heads_q], null: none) and their gradient (null: not requested), element strides.
   const float* sinks = nullptr;

@@ -149,6 +149,9 @@ __device__ __forceinline__ void row_sums(const BwdPrePostParams& p, const RowChu
 
 template <bool Bf16>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostParams p) {
+  // A main kernel launched as a programmatic dependent (FA4_BWD_PDL) may be scheduled once every CTA of this grid
+  // has started; it waits for this grid's completion before touching global memory.
+  if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
   const RowChunk c = row_chunk(p);
   if (!c.owned) return;
   // Every turn chain's accumulator copy (one outside deterministic mode); none when each chain's first adder
@@ -198,6 +201,7 @@ __device__ __forceinline__ uint32_t round_pair(float lo, float hi) {
 template <bool Bf16>
 __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePostParams p) {
   __shared__ alignas(16) uint16_t rounded[kRowsPerCta * kPostPitchMax];
+  cudaGridDependencySynchronize();  // a programmatic dependent of the main kernel (FA4_BWD_PDL); else a no-op
   const RowChunk c = row_chunk(p);
   if (!c.owned) return;
   const int thread = threadIdx.x;
@@ -375,12 +379,17 @@ cudaError_t launch_bwd_zero_uncovered(const StridedRows& a, const StridedRows* b
 }
 
 cudaError_t launch_bwd_postprocess(DType dtype, const BwdPrePostParams& p, int64_t batch, cudaStream_t stream) {
-  const uint32_t grid = row_chunk_grid(p, batch);
-  if (dtype == DType::bf16)
-    bwd_postprocess<true><<<grid, kPostThreads, 0, stream>>>(p);
-  else
-    bwd_postprocess<false><<<grid, kPostThreads, 0, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(row_chunk_grid(p, batch));
+  config.blockDim = dim3(kPostThreads);
+  config.stream = stream;
+  cudaLaunchAttribute pdl{};
+  pdl.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  pdl.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &pdl;
+  config.numAttrs = p.programmatic ? 1 : 0;
+  return dtype == DType::bf16 ? cudaLaunchKernelEx(&config, bwd_postprocess<true>, p)
+                              : cudaLaunchKernelEx(&config, bwd_postprocess<false>, p);
 }
 
 }  // namespace fa4::sm90
