@@ -14,6 +14,18 @@ __device__ __forceinline__ void red_global_add_v4(float* address, float a, float
 #endif
 }
 
+// x + 0 with subnormals flushed (add.ftz.f32): what a reduce-add into a zeroed float leaves (the .f32 reductions
+// flush subnormal inputs and results; -0 becomes +0), for a value stored in place of that first add.
+__device__ __forceinline__ float flushed_plus_zero(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("add.ftz.f32 %0, %1, 0f00000000;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return x + 0.0f;
+#endif
+}
+
 // The plain store of the same four floats (16-byte aligned address): the first adder of a deterministic chain.
 __device__ __forceinline__ void st_global_v4(float* address, float a, float b, float c, float d) {
   *reinterpret_cast<float4*>(address) = make_float4(a, b, c, d);

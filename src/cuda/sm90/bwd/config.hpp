@@ -80,7 +80,8 @@ inline constexpr int kDqUnitFloats = kDqUnitRows * kDqUnitCols;
 // base(b) = ⌊(cu_seqlens_q[b] + b·block_m) / block_m⌋·block_m (bwd_ws_row_base; base(b + 1) − base(b) ≥
 // round_up(len_b, block_m), so tiles never overlap), so the size follows the tokens, not sequences × longest
 // (where that is smaller; else a variable-length batch keeps per-sequence regions of rows_padded rows).
-//   dq_accum  fp32 [chains][regions][region rows/64][head_dim/64] units (zeroed by the preprocess kernel)
+//   dq_accum  fp32 [chains][regions][region rows/64][head_dim/64] units (zeroed by the preprocess kernel, except
+//             with FA4_BWD_DET_STORE_FIRST: each chain's first adder stores, and unvisited copies are skipped)
 //   lse_log2  fp32 [regions][region rows]  LSE·log2(e); +inf for padding and fully masked rows (P = 0)
 //   dsum      fp32 [regions][region rows]  D = rowsum(dO ∘ O); 0 for padding
 //   dq_turn   int32 [chains][regions][region rows/block_m][consumer warpgroups]  deterministic mode: how many

@@ -104,10 +104,18 @@ class DqStager {
     const int thread = threadIdx.x % kWarpgroupThreads;
     wait_for_buffer();  // the writer has read the previous slab
     first_ = false;
+    if (p.det_store_first) {  // the slab may be stored, not added: as a reduce into zeroed memory would leave it
 #pragma unroll
-    for (int g = 0; g < Config::kDqN / 8; ++g)
-      *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
-          make_float4(dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
+      for (int g = 0; g < Config::kDqN / 8; ++g)
+        *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
+            make_float4(ptx::flushed_plus_zero(dq.reg[4 * g]), ptx::flushed_plus_zero(dq.reg[4 * g + 1]),
+                        ptx::flushed_plus_zero(dq.reg[4 * g + 2]), ptx::flushed_plus_zero(dq.reg[4 * g + 3]));
+    } else {
+#pragma unroll
+      for (int g = 0; g < Config::kDqN / 8; ++g)
+        *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
+            make_float4(dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
+    }
     ptx::fence_proxy_async_shared_cta();  // the writes, before the writer's bulk reduce (async proxy) reads them
     // The count is read from the kernel parameters (constant bank) where it is used.
     ptx::named_barrier_arrive(full_, dq_handoff_threads(p));
@@ -202,8 +210,11 @@ class DqRegisterAdder {
     }
     const int32_t chain = dq_chain_of(p, work);
     float* units = dq_accum_unit<Config>(p, chain, row_base, m_block, first_chunk_) + thread * 4;
-    // The chain's first slab of the tile is stored, not added (p.det_store_first: nothing was zeroed).
-    const bool store = p.det_store_first && dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block) == 0;
+    // The chain's first slab of the tile is stored, not added (p.det_store_first: nothing was zeroed). The turn is
+    // computed once, where it is needed (the helpers wait for it themselves).
+    const int32_t turn =
+        p.det_store_first || !p.det_turn_helpers ? dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block) : 0;
+    const bool store = p.det_store_first && turn == 0;
     if (p.det_turn_helpers) {
       // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
       // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
@@ -214,7 +225,7 @@ class DqRegisterAdder {
     }
     ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
         dq_turn_counter<Config>(p, chain, row_base, m_block, consumer_));
-    if (thread == 0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
+    if (thread == 0) wait_for_turn(counter, turn);
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
     store ? store_all(units, dq) : add_all(units, dq);
     __threadfence();
@@ -232,12 +243,15 @@ class DqRegisterAdder {
                              dq.reg[4 * g + 3]);
   }
 
+  // The values a reduce-add into zeroed memory would leave (subnormals flushed, -0 as +0): the same bits as the
+  // zeroed copies.
   template <int N>
   __device__ static void store_all(float* units, const ptx::WgmmaAccumulator<N>& dq) {
 #pragma unroll
     for (int g = 0; g < N / 8; ++g)
-      ptx::st_global_v4(units + g * kWarpgroupThreads * 4, dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2],
-                        dq.reg[4 * g + 3]);
+      ptx::st_global_v4(units + g * kWarpgroupThreads * 4, ptx::flushed_plus_zero(dq.reg[4 * g]),
+                        ptx::flushed_plus_zero(dq.reg[4 * g + 1]), ptx::flushed_plus_zero(dq.reg[4 * g + 2]),
+                        ptx::flushed_plus_zero(dq.reg[4 * g + 3]));
   }
 
   uint32_t barrier_;

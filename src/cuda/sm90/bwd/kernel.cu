@@ -57,13 +57,15 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
       }
     ptx::fence_barrier_init();
     // A postprocess launched as a programmatic dependent (FA4_BWD_PDL) may become resident on the SMs this grid
-    // frees (once every CTA has started) and waits in cudaGridDependencySynchronize until this grid is done.
-    cudaTriggerProgrammaticLaunchCompletion();
+    // frees (once every CTA has started) and waits in cudaGridDependencySynchronize until this grid is done. Only
+    // then: a caller's own PDL kernel after a backward without a postprocess is not released early.
+    if (p.programmatic) cudaTriggerProgrammaticLaunchCompletion();
   }
   __syncthreads();
-  // Launched as a programmatic dependent of the preprocess (FA4_BWD_PDL): the barriers above were set up while it
-  // drained; nothing reads or writes global memory before it is done (LSE₂, D, the zeroed dQ accumulator and the
-  // turn counters are its). A no-op in a plain launch.
+  // Launched as a programmatic dependent of the stream's previous kernel (FA4_BWD_PDL: the preprocess, or the
+  // sink gradient, which ran after it): the barriers above were set up while it drained; nothing reads or writes
+  // global memory before it is done (LSE₂, D, the zeroed dQ accumulator and the turn counters are the
+  // preprocess's). A no-op in a plain launch.
   cudaGridDependencySynchronize();
   if (paired) ptx::cluster_sync();  // the peer's barriers are initialised before anything signals them
   const auto work = bwd_work<Config::kBlockM, Config::kBlockN, Varlen>(p);

@@ -78,8 +78,8 @@ struct BwdParams {
   // preprocess zeroes no accumulator copy (FA4_BWD_DET_STORE_FIRST, an A/B switch; the postprocess skips a copy
   // whose turn counter stayed 0: no block of that chain visited the tile).
   bool det_store_first = false;
-  // The main kernel as a programmatic dependent launch of the preprocess (FA4_BWD_PDL, an A/B switch): host-side
-  // only (the kernel's cudaGridDependencySynchronize is a no-op in a plain launch).
+  // The main kernel as a programmatic dependent launch of the kernel before it (FA4_BWD_PDL, an A/B switch: the
+  // preprocess, or the sink gradient after it); also whether it triggers its own dependents (the postprocess).
   bool programmatic = false;
   // Variable-length batches (the bwd_kernel<..., Varlen = true> instances only; null otherwise): q, dout, k, v,
   // dk, dv are their packed rows mapped as batch 1; sequence b has query rows cu_seqlens_q[b] .. [b + 1] and keys

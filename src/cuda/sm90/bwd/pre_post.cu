@@ -1,9 +1,10 @@
 // The backward's preprocess and postprocess kernels (plain CUDA, no tensor cores), one CTA per 64 query rows of
 // one (batch, query head) pair, rows padded to the main kernel's block_m:
 //   preprocess:  D = rowsum(dO ∘ O) in fp32, LSE₂ = LSE·log2e (+inf where LSE = -inf and for padding rows, so
-//                the main kernel's P is 0 there), the pair's dQ accumulator rows and dQ turn counters zeroed;
-//                one launch.
-//   postprocess: dQ = accumulator · scale, rounded to q's dtype, stored at dq's strides (rows < seqlen_q).
+//                the main kernel's P is 0 there), the pair's dQ accumulator rows (every turn chain's copy;
+//                none with det_store_first) and dQ turn counters zeroed; one launch.
+//   postprocess: dQ = accumulator · scale (deterministic mode: the chains' copies summed in order, a copy whose
+//                turn counter is 0 skipped), rounded to q's dtype, stored at dq's strides (rows < seqlen_q).
 // O, dO and dQ are read/written in 16-byte chunks where base and strides allow, else element-pairwise, at any
 // strides (head_dim contiguous).
 #include <cuda_runtime.h>
@@ -151,7 +152,7 @@ template <bool Bf16>
 __global__ void __launch_bounds__(kPreThreads) bwd_preprocess(const BwdPrePostParams p) {
   // A main kernel launched as a programmatic dependent (FA4_BWD_PDL) may be scheduled once every CTA of this grid
   // has started; it waits for this grid's completion before touching global memory.
-  if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
+  if (p.programmatic && threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
   const RowChunk c = row_chunk(p);
   if (!c.owned) return;
   // Every turn chain's accumulator copy (one outside deterministic mode); none when each chain's first adder
@@ -280,6 +281,7 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
 constexpr int kSinkThreads = 256;
 
 __global__ void __launch_bounds__(kSinkThreads) bwd_sink_gradient(const BwdPrePostParams p, int64_t batch) {
+  if (p.programmatic && threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();  // as the preprocess
   __shared__ double warp_sums[kSinkThreads / 32];
   const int64_t head = blockIdx.x;
   const double sink2 = double(p.sinks[head * p.sinks_stride]) * double(num::kLog2e);
