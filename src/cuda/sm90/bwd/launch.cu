@@ -60,16 +60,15 @@ PairMode pair_mode(const char* call, const BwdTile& tile, const detail::Problem&
   return asked;
 }
 
-// Deterministic column-split rows pass their dQ turns in helper warps (dq_reduce.cuh): on by default since
-// perf-log B13 (H100, 0f10237's tree: deterministic d = 256 +28% at 2k, +50% at 8k). FA4_BWD_DET_HELPER=0 (the
-// warpgroups pass the turns themselves) stays for A/B runs and the test that compares the two; any value but 0
-// or 1 is an error, not a silent default.
-bool det_turn_helpers(const char* call) {
-  const char* env = std::getenv("FA4_BWD_DET_HELPER");
-  if (env == nullptr || *env == '\0' || std::string(env) == "1") return true;
-  if (std::string(env) == "0") return false;
+// An on/off A/B switch from the environment: unset or empty gives `fallback`, "0" off, "1" on; any other value
+// is an error naming the variable, not a silent default.
+bool env_switch(const char* call, const char* name, bool fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  const std::string value(env);
+  if (value == "0" || value == "1") return value == "1";
   throw Error(Status::invalid_argument,
-              std::string(call) + ": environment FA4_BWD_DET_HELPER: expected 0 or 1, got '" + env + "'");
+              std::string(call) + ": environment " + name + ": expected 0 or 1, got '" + value + "'");
 }
 
 // Deterministic mode's turn chains (dq_turn_of): key block n adds into accumulator copy n % chains in the chain's
@@ -91,39 +90,16 @@ int det_chains(const char* call, const detail::Problem& p) {
   return p.deterministic ? chains : 1;
 }
 
-// Deterministic key-split rows: the dQ writer passes each slab's turn on as soon as its own add is performed (on
-// by default since perf-log B14: +0.6-2% on top of two chains, one rep on an H100); FA4_BWD_DET_SLAB_RELEASE=0
-// passes both after the tile's last, for A/B runs; any value but 0 or 1 is an error.
-bool det_slab_release(const char* call) {
-  const char* env = std::getenv("FA4_BWD_DET_SLAB_RELEASE");
-  if (env == nullptr || *env == '\0' || std::string(env) == "1") return true;
-  if (std::string(env) == "0") return false;
-  throw Error(Status::invalid_argument,
-              std::string(call) + ": environment FA4_BWD_DET_SLAB_RELEASE: expected 0 or 1, got '" + env + "'");
-}
-
-// Deterministic mode: FA4_BWD_DET_STORE_FIRST=1 has the first adder of each chain store its dQ slab instead of
-// adding it, so the preprocess zeroes no accumulator copy (an A/B switch, off by default until measured; any
-// value but 0 or 1 is an error).
-bool det_store_first(const char* call) {
-  const char* env = std::getenv("FA4_BWD_DET_STORE_FIRST");
-  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
-  if (std::string(env) == "1") return true;
-  throw Error(Status::invalid_argument,
-              std::string(call) + ": environment FA4_BWD_DET_STORE_FIRST: expected 0 or 1, got '" + env + "'");
-}
-
-// FA4_BWD_PDL=1: the main kernel and the postprocess as programmatic dependent launches of the kernel before each
-// (their launch and set-up overlap its tail; an A/B switch, off by default until measured; any value but 0 or 1
-// is an error).
-bool bwd_pdl(const char* call) {
-  const char* env = std::getenv("FA4_BWD_PDL");
-  if (env == nullptr || *env == '\0' || std::string(env) == "0") return false;
-  if (std::string(env) == "1") return true;
-  throw Error(Status::invalid_argument, std::string(call) + ": environment FA4_BWD_PDL: expected 0 or 1, got '" + env + "'");
-}
-
 // The environment overrides of one call, read once: a value the call cannot take is refused by name.
+//   FA4_BWD_DET_HELPER (default 1): deterministic column-split rows pass their dQ turns in helper warps
+//     (dq_reduce.cuh; perf-log B13, H100: deterministic d = 256 +28% at 2k, +50% at 8k); 0: the warpgroups pass
+//     them themselves (A/B runs and the test that compares the two).
+//   FA4_BWD_DET_SLAB_RELEASE (default 1): deterministic key-split rows' dQ writer passes each slab's turn on as
+//     soon as its own add is performed (perf-log B14: +0.6-2% on top of two chains); 0: after the tile's last.
+//   FA4_BWD_DET_STORE_FIRST (default 0, not measured yet: B15): the first adder of each chain stores its dQ slab
+//     instead of adding it, so the preprocess zeroes no accumulator copy.
+//   FA4_BWD_PDL (default 0, not measured yet: B16): the main kernel and the postprocess as programmatic dependent
+//     launches of the kernel before each (their launch and set-up overlap its tail).
 struct Overrides {
   PairMode pair;
   bool turn_helpers = true;
@@ -133,8 +109,9 @@ struct Overrides {
   bool pdl = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
-  Overrides o{pair_mode(call, tile, p), det_turn_helpers(call), det_chains(call, p), det_slab_release(call),
-              det_store_first(call), bwd_pdl(call)};
+  Overrides o{pair_mode(call, tile, p), env_switch(call, "FA4_BWD_DET_HELPER", true), det_chains(call, p),
+              env_switch(call, "FA4_BWD_DET_SLAB_RELEASE", true), env_switch(call, "FA4_BWD_DET_STORE_FIRST", false),
+              env_switch(call, "FA4_BWD_PDL", false)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
