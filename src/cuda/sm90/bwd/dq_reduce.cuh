@@ -104,18 +104,14 @@ class DqStager {
     const int thread = threadIdx.x % kWarpgroupThreads;
     wait_for_buffer();  // the writer has read the previous slab
     first_ = false;
-    if (p.det_store_first) {  // the slab may be stored, not added: as a reduce into zeroed memory would leave it
+    // With det_store_first the slab may be stored, not added: staged as a reduce into zeroed memory would leave it.
+    const bool flush = p.det_store_first;
+    auto value = [flush](float x) { return flush ? ptx::flushed_plus_zero(x) : x; };
 #pragma unroll
-      for (int g = 0; g < Config::kDqN / 8; ++g)
-        *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
-            make_float4(ptx::flushed_plus_zero(dq.reg[4 * g]), ptx::flushed_plus_zero(dq.reg[4 * g + 1]),
-                        ptx::flushed_plus_zero(dq.reg[4 * g + 2]), ptx::flushed_plus_zero(dq.reg[4 * g + 3]));
-    } else {
-#pragma unroll
-      for (int g = 0; g < Config::kDqN / 8; ++g)
-        *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
-            make_float4(dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
-    }
+    for (int g = 0; g < Config::kDqN / 8; ++g)
+      *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
+          make_float4(value(dq.reg[4 * g]), value(dq.reg[4 * g + 1]), value(dq.reg[4 * g + 2]),
+                      value(dq.reg[4 * g + 3]));
     ptx::fence_proxy_async_shared_cta();  // the writes, before the writer's bulk reduce (async proxy) reads them
     // The count is read from the kernel parameters (constant bank) where it is used.
     ptx::named_barrier_arrive(full_, dq_handoff_threads(p));
@@ -205,7 +201,7 @@ class DqRegisterAdder {
                       int32_t m_block) const {
     const int thread = threadIdx.x % kWarpgroupThreads;
     if (!p.deterministic) {
-      add_all(dq_accum_unit<Config>(p, 0, row_base, m_block, first_chunk_) + thread * 4, dq);
+      write_all(dq_accum_unit<Config>(p, 0, row_base, m_block, first_chunk_) + thread * 4, dq);
       return;
     }
     const int32_t chain = dq_chain_of(p, work);
@@ -219,7 +215,7 @@ class DqRegisterAdder {
       // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
       // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
       ptx::named_barrier_sync(turn_granted_barrier(consumer_), kWarpgroupThreads + 32);
-      store ? store_all(units, dq) : add_all(units, dq);
+      write_all(units, dq, store);
       ptx::named_barrier_arrive(adds_issued_barrier(consumer_), kWarpgroupThreads + 32);
       return;
     }
@@ -227,31 +223,28 @@ class DqRegisterAdder {
         dq_turn_counter<Config>(p, chain, row_base, m_block, consumer_));
     if (thread == 0) wait_for_turn(counter, turn);
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
-    store ? store_all(units, dq) : add_all(units, dq);
+    write_all(units, dq, store);
     __threadfence();
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
     if (thread == 0) counter.fetch_add(1, ::cuda::memory_order_release);
   }
 
  private:
-  // Register group g (4 floats) of unit g / 8 lies at group g % 8 of that unit: base + 512 floats · g.
+  // Register group g (4 floats) of unit g / 8 lies at group g % 8 of that unit: base + 512 floats · g. store: the
+  // values a reduce-add into zeroed memory would leave (subnormals flushed, -0 as +0), stored: the zeroed copies'
+  // bits.
   template <int N>
-  __device__ static void add_all(float* units, const ptx::WgmmaAccumulator<N>& dq) {
+  __device__ static void write_all(float* units, const ptx::WgmmaAccumulator<N>& dq, bool store = false) {
 #pragma unroll
-    for (int g = 0; g < N / 8; ++g)
-      ptx::red_global_add_v4(units + g * kWarpgroupThreads * 4, dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2],
-                             dq.reg[4 * g + 3]);
-  }
-
-  // The values a reduce-add into zeroed memory would leave (subnormals flushed, -0 as +0): the same bits as the
-  // zeroed copies.
-  template <int N>
-  __device__ static void store_all(float* units, const ptx::WgmmaAccumulator<N>& dq) {
-#pragma unroll
-    for (int g = 0; g < N / 8; ++g)
-      ptx::st_global_v4(units + g * kWarpgroupThreads * 4, ptx::flushed_plus_zero(dq.reg[4 * g]),
-                        ptx::flushed_plus_zero(dq.reg[4 * g + 1]), ptx::flushed_plus_zero(dq.reg[4 * g + 2]),
-                        ptx::flushed_plus_zero(dq.reg[4 * g + 3]));
+    for (int g = 0; g < N / 8; ++g) {
+      float* const at = units + g * kWarpgroupThreads * 4;
+      const float a = dq.reg[4 * g], b = dq.reg[4 * g + 1], c = dq.reg[4 * g + 2], d = dq.reg[4 * g + 3];
+      if (store)
+        ptx::st_global_v4(at, ptx::flushed_plus_zero(a), ptx::flushed_plus_zero(b), ptx::flushed_plus_zero(c),
+                          ptx::flushed_plus_zero(d));
+      else
+        ptx::red_global_add_v4(at, a, b, c, d);
+    }
   }
 
   uint32_t barrier_;

@@ -250,10 +250,6 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   pp.turns_per_tile = bwd_consumer_warpgroups(tile);
   pp.deterministic = p.deterministic;
   pp.det_store_first = p.deterministic && overrides.store_first;
-  pp.column_split = tile.column_split;
-  pp.dq_units_per_slot =
-      tile.column_split ? 1 : (tile.block_m / kDqUnitRows) * (tile.head_dim / kDqUnitCols) / bwd_consumer_warpgroups(tile);
-  pp.dq_wide_chunks0 = (tile.head_dim / kDqUnitCols + 1) / 2;
   pp.programmatic = overrides.pdl;
   pp.scale = p.scale;
   set_sinks(p, pp);

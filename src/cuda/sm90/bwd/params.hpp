@@ -108,11 +108,8 @@ struct BwdPrePostParams {
   // (lse_stride_b 0), sequence b's rows from cu_seqlens_q[b] (device int32, batch + 1); seqlen_q is the longest.
   const int32_t* cu_seqlens_q = nullptr;
   int32_t block_m = 64, turns_per_tile = 1;  // the main kernel's query tile and dq_turn counters per tile
-  // Deterministic mode (the postprocess reads the turn counters: a copy whose counter is 0 was never written):
-  // the counter slot of a tile's dQ unit (row chunk r of the tile, column chunk u): key-split rows
-  // (r · head_dim/64 + u) / units_per_slot; column-split rows u >= wide_chunks0 (the second warpgroup's chunks).
-  bool deterministic = false, det_store_first = false, column_split = false;
-  int32_t dq_units_per_slot = 1, dq_wide_chunks0 = 0;
+  // Deterministic mode: the postprocess reads the turn counters (a copy whose counter is 0 was never written).
+  bool deterministic = false, det_store_first = false;
   bool programmatic = false;  // the postprocess as a programmatic dependent launch of the main kernel (FA4_BWD_PDL)
   float scale = 1.0f;
   // Attention sinks (fp32 [heads_q], null: none) and their gradient (null: not requested), element strides.

@@ -211,20 +211,17 @@ __global__ void __launch_bounds__(kPostThreads) bwd_postprocess(const BwdPrePost
   const bool through_smem = p.dq.chunks_aligned;
   const float4* accum =
       reinterpret_cast<const float4*>(p.ws.dq_accum + c.ws_row / kDqUnitRows * units * int64_t(kDqUnitFloats));
+  // Deterministic mode: which chains' copies hold the tile (a copy whose turn counter is 0 was never added to:
+  // zero, or with det_store_first never written). Every adder passes the turn of every slot of its tile, so slot
+  // 0's counter stands for the tile. Outside it, the one copy (zeroed by the preprocess).
+  uint32_t written = 1u;
+  if (p.deterministic) {
+    written = 0u;
+    for (int chain = 0; chain < p.ws.chains; ++chain)
+      if (p.ws.dq_turn[chain * p.ws.dq_turn_copy_counters + c.ws_row / p.block_m * p.turns_per_tile] > 0)
+        written |= 1u << chain;
+  }
   for (int unit = 0; unit < units; ++unit) {
-    // Deterministic mode: which chains' copies hold this unit (a copy whose turn counter is 0 was never added to:
-    // zero, or with det_store_first never written). Outside it, the one copy (zeroed by the preprocess).
-    uint32_t written = 1u;
-    if (p.deterministic) {
-      const int64_t tile = c.ws_row / p.block_m;
-      const int row_chunk = int((c.ws_row % p.block_m) / kDqUnitRows);
-      const int slot = p.column_split ? (unit >= p.dq_wide_chunks0 ? 1 : 0)
-                                      : (row_chunk * units + unit) / p.dq_units_per_slot;
-      written = 0u;
-      for (int chain = 0; chain < p.ws.chains; ++chain)
-        if (p.ws.dq_turn[chain * p.ws.dq_turn_copy_counters + tile * p.turns_per_tile + slot] > 0)
-          written |= 1u << chain;
-    }
 #pragma unroll
     for (int g = 0; g < kDqUnitCols / 8; ++g) {
       const int64_t index = (unit * (kDqUnitCols / 8) + g) * kWarpgroupThreads + thread;
