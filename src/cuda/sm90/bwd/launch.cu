@@ -188,13 +188,9 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     }
     return;
   }
-  // The layout of the overrides read above (the environment is read once per call): a caller's workspace sized
-  // under another FA4_BWD_DET_CHAINS is refused here, never written past.
+  // The layout of the overrides read above; the caller's workspace was checked against the same size
+  // (detail::check_workspace, from backward_workspace_bytes).
   const BwdWorkspaceLayout layout = layout_of(p, overrides.chains);
-  if (workspace.data != nullptr && workspace.bytes < layout.bytes)
-    throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected at least " +
-                                              std::to_string(layout.bytes) + " bytes (see workspace_size), got " +
-                                              std::to_string(workspace.bytes) + " bytes");
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
   if ((n_blocks + 1) * p.heads_kv * p.batch > kMaxIndex || p.batch * p.heads_q * (layout.rows_padded / kDqUnitRows) > kMaxIndex ||
