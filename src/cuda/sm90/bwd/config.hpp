@@ -37,18 +37,21 @@ struct BwdTile {
   int block_n;  // keys per CTA = 64 · consumer warpgroups
   int stages;   // depth of the Q/dO/LSE/D ring
   bool column_split = false;  // the warpgroups share the keys and split the head dim (mma_wide.cuh)
-  // Deterministic mode's turn chains (dq_turn_of; FA4_BWD_DET_CHAINS overrides): perf-log B14 (H100, 4aa99ca):
-  // two chains lift d = 64 from 0.74 / 0.83 to 0.80 / 0.94 of the default (2k / 8k) and d = 256 at 2k from 0.78
-  // to 0.81-0.83; d = 128 loses (0.85 / 0.93 -> 0.81-0.83 / 0.87-0.89: its chain is half as long per query tile,
-  // and a second accumulator copy doubles the reduce-adds' L2 footprint). d = 192 follows d = 256 (unmeasured).
+  // Deterministic mode's turn chains (dq_turn_of; FA4_BWD_DET_CHAINS overrides), without a mask and with one
+  // (causal or a window). perf-log B17 (H100, 955f321, store-first on, det / default at 2k / 8k): unmasked, four
+  // chains give d = 64 0.91 / 0.95 (two: 0.86 / 0.95), d = 256 0.79 / 0.80 (two: 0.74 / 0.80), and d = 128 is
+  // best with one (0.87 / 0.91); masked, one chain wins at every head dim (d = 64 1.00 / 1.00, d = 128 1.02 / 0.96,
+  // d = 256 0.82 / 0.77; four: 0.90, 0.72, 0.57 at 2k): a causal block's turns are already staggered by the
+  // diagonal, and each copy more is one more to sum. d = 192 follows d = 256 (unmeasured).
   int det_chains = 1;
+  int det_chains_masked = 1;
 };
 
 inline constexpr BwdTile kBwdTiles[] = {
-    {64, 128, 128, 2, false, 2},
-    {128, 64, 128, 2, false, 1},
-    {192, 64, 64, 2, true, 2},
-    {256, 64, 64, 2, true, 2},
+    {64, 128, 128, 2, false, 4, 1},
+    {128, 64, 128, 2, false, 1, 1},
+    {192, 64, 64, 2, true, 4, 1},
+    {256, 64, 64, 2, true, 4, 1},
 };
 inline constexpr int kBwdRows = int(sizeof(kBwdTiles) / sizeof(kBwdTiles[0]));
 
@@ -81,7 +84,8 @@ inline constexpr int kDqUnitFloats = kDqUnitRows * kDqUnitCols;
 // round_up(len_b, block_m), so tiles never overlap), so the size follows the tokens, not sequences × longest
 // (where that is smaller; else a variable-length batch keeps per-sequence regions of rows_padded rows).
 //   dq_accum  fp32 [chains][regions][region rows/64][head_dim/64] units (zeroed by the preprocess kernel, except
-//             with FA4_BWD_DET_STORE_FIRST: each chain's first adder stores, and unvisited copies are skipped)
+//             in deterministic mode, where each chain's first adder stores and the postprocess skips a copy no
+//             block of its chain visited; FA4_BWD_DET_STORE_FIRST=0 zeroes them there too)
 //   lse_log2  fp32 [regions][region rows]  LSE·log2(e); +inf for padding and fully masked rows (P = 0)
 //   dsum      fp32 [regions][region rows]  D = rowsum(dO ∘ O); 0 for padding
 //   dq_turn   int32 [chains][regions][region rows/block_m][consumer warpgroups]  deterministic mode: how many
@@ -101,7 +105,8 @@ constexpr size_t align_up_256(size_t x) { return (x + 255) / 256 * 256; }
 inline constexpr int kBwdMaxDetChains = 4;
 constexpr bool every_det_chains_fit() {
   for (const BwdTile& t : kBwdTiles)
-    if (t.det_chains < 1 || t.det_chains > kBwdMaxDetChains) return false;
+    for (int chains : {t.det_chains, t.det_chains_masked})
+      if (chains < 1 || chains > kBwdMaxDetChains) return false;
   return true;
 }
 static_assert(every_det_chains_fit(), "a row's deterministic chain count the workspace layout holds");

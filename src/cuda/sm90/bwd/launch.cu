@@ -73,12 +73,13 @@ bool env_switch(const char* call, const char* name, bool fallback) {
 
 // Deterministic mode's turn chains (dq_turn_of): key block n adds into accumulator copy n % chains in the chain's
 // own turn order, so the CTAs of a wave wait for 1/chains of the links before their first add, at the cost of
-// zeroing and summing chains - 1 more fp32 dQ copies. The default is the tile row's (kBwdTiles, perf-log B14);
+// summing chains - 1 more fp32 dQ copies. The default is the tile row's (kBwdTiles, perf-log B17), one count
+// without a mask and one with (causal or a window);
 // FA4_BWD_DET_CHAINS (1, 2 or 4) overrides it for A/B runs, any other value is an error. Outside deterministic
 // mode: 1 (a set value is still checked).
 int det_chains(const char* call, const detail::Problem& p) {
   const int row = bwd_row(int(p.head_dim));
-  int chains = row >= 0 ? kBwdTiles[row].det_chains : 1;
+  int chains = row < 0 ? 1 : p.mask.masks_anything() ? kBwdTiles[row].det_chains_masked : kBwdTiles[row].det_chains;
   const char* env = std::getenv("FA4_BWD_DET_CHAINS");
   if (env != nullptr && *env != '\0') {
     const std::string value(env);
@@ -96,21 +97,23 @@ int det_chains(const char* call, const detail::Problem& p) {
 //     them themselves (A/B runs and the test that compares the two).
 //   FA4_BWD_DET_SLAB_RELEASE (default 1): deterministic key-split rows' dQ writer passes each slab's turn on as
 //     soon as its own add is performed (perf-log B14: +0.6-2% on top of two chains); 0: after the tile's last.
-//   FA4_BWD_DET_STORE_FIRST (default 0, not measured yet: B15): the first adder of each chain stores its dQ slab
-//     instead of adding it, so the preprocess zeroes no accumulator copy.
-//   FA4_BWD_PDL (default 0, not measured yet: B16): the main kernel and the postprocess as programmatic dependent
-//     launches of the kernel before each (their launch and set-up overlap its tail).
+//   FA4_BWD_DET_STORE_FIRST (default 1): the first adder of each chain stores its dQ slab instead of adding it, so
+//     the preprocess zeroes no accumulator copy (perf-log B15: deterministic d = 64 2k 0.80 -> 0.86 of the
+//     default, d = 128 0.84 -> 0.88, d = 256 level); 0: every copy zeroed and every slab added.
+//   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
+//     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
+//     set-up overlap its tail).
 struct Overrides {
   PairMode pair;
   bool turn_helpers = true;
   int chains = 1;
   bool slab_release = true;
-  bool store_first = false;
+  bool store_first = true;
   bool pdl = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
   Overrides o{pair_mode(call, tile, p), env_switch(call, "FA4_BWD_DET_HELPER", true), det_chains(call, p),
-              env_switch(call, "FA4_BWD_DET_SLAB_RELEASE", true), env_switch(call, "FA4_BWD_DET_STORE_FIRST", false),
+              env_switch(call, "FA4_BWD_DET_SLAB_RELEASE", true), env_switch(call, "FA4_BWD_DET_STORE_FIRST", true),
               env_switch(call, "FA4_BWD_PDL", false)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "

@@ -75,8 +75,8 @@ struct BwdParams {
   // after the tile's last (the default; FA4_BWD_DET_SLAB_RELEASE=0 is off; perf-log B14).
   bool det_slab_release = false;
   // Deterministic mode: the first adder of each chain (turn 0) stores its slab instead of adding it, so the
-  // preprocess zeroes no accumulator copy (FA4_BWD_DET_STORE_FIRST, an A/B switch; the postprocess skips a copy
-  // whose turn counter stayed 0: no block of that chain visited the tile).
+  // preprocess zeroes no accumulator copy (the default, perf-log B15; FA4_BWD_DET_STORE_FIRST=0 is off; the
+  // postprocess skips a copy whose turn counter stayed 0: no block of that chain visited the tile).
   bool det_store_first = false;
   // The main kernel as a programmatic dependent launch of the kernel before it (FA4_BWD_PDL, an A/B switch: the
   // preprocess, or the sink gradient after it); also whether it triggers its own dependents (the postprocess).
