@@ -105,13 +105,18 @@ class DqStager {
     wait_for_buffer();  // the writer has read the previous slab
     first_ = false;
     // With det_store_first the slab may be stored, not added: staged as a reduce into zeroed memory would leave it.
-    const bool flush = p.det_store_first;
-    auto value = [flush](float x) { return flush ? ptx::flushed_plus_zero(x) : x; };
+    // One loop per case (a select per value cost 64 FADD + SEL per slab in the default mode too).
+    auto write = [&](auto value) {
 #pragma unroll
-    for (int g = 0; g < Config::kDqN / 8; ++g)
-      *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
-          make_float4(value(dq.reg[4 * g]), value(dq.reg[4 * g + 1]), value(dq.reg[4 * g + 2]),
-                      value(dq.reg[4 * g + 3]));
+      for (int g = 0; g < Config::kDqN / 8; ++g)
+        *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
+            make_float4(value(dq.reg[4 * g]), value(dq.reg[4 * g + 1]), value(dq.reg[4 * g + 2]),
+                        value(dq.reg[4 * g + 3]));
+    };
+    if (p.det_store_first)
+      write([](float x) { return ptx::flushed_plus_zero(x); });
+    else
+      write([](float x) { return x; });
     ptx::fence_proxy_async_shared_cta();  // the writes, before the writer's bulk reduce (async proxy) reads them
     // The count is read from the kernel parameters (constant bank) where it is used.
     ptx::named_barrier_arrive(full_, dq_handoff_threads(p));
@@ -232,18 +237,21 @@ class DqRegisterAdder {
  private:
   // Register group g (4 floats) of unit g / 8 lies at group g % 8 of that unit: base + 512 floats · g. store: the
   // values a reduce-add into zeroed memory would leave (subnormals flushed, -0 as +0), stored: the zeroed copies'
-  // bits.
+  // bits. One loop per case, chosen once: a choice per group compiled to a branch and a convergence barrier
+  // (BSSY/BSYNC) per group, on the path between the turn grant and the publication (perf-log B18).
   template <int N>
   __device__ static void write_all(float* units, const ptx::WgmmaAccumulator<N>& dq, bool store = false) {
+    if (store) {
 #pragma unroll
-    for (int g = 0; g < N / 8; ++g) {
-      float* const at = units + g * kWarpgroupThreads * 4;
-      const float a = dq.reg[4 * g], b = dq.reg[4 * g + 1], c = dq.reg[4 * g + 2], d = dq.reg[4 * g + 3];
-      if (store)
-        ptx::st_global_v4(at, ptx::flushed_plus_zero(a), ptx::flushed_plus_zero(b), ptx::flushed_plus_zero(c),
-                          ptx::flushed_plus_zero(d));
-      else
-        ptx::red_global_add_v4(at, a, b, c, d);
+      for (int g = 0; g < N / 8; ++g)
+        ptx::st_global_v4(units + g * kWarpgroupThreads * 4, ptx::flushed_plus_zero(dq.reg[4 * g]),
+                          ptx::flushed_plus_zero(dq.reg[4 * g + 1]), ptx::flushed_plus_zero(dq.reg[4 * g + 2]),
+                          ptx::flushed_plus_zero(dq.reg[4 * g + 3]));
+    } else {
+#pragma unroll
+      for (int g = 0; g < N / 8; ++g)
+        ptx::red_global_add_v4(units + g * kWarpgroupThreads * 4, dq.reg[4 * g], dq.reg[4 * g + 1],
+                               dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
     }
   }
 
