@@ -63,8 +63,16 @@ def _device_guard(q):
     return contextlib.nullcontext()
 
 
+# The current stream's handle without building a torch.cuda.Stream object per call (issue 12's host cost):
+# torch's own generated code (inductor's get_raw_stream) reads it this way; the public call is the fallback.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
 def _stream(q):
-    return torch.cuda.current_stream(q.get_device()).cuda_stream if q.is_cuda else None
+    if not q.is_cuda:
+        return None
+    index = q.get_device()
+    return _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def _workspace(pass_, inputs, options, device):
