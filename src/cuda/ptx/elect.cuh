@@ -1,5 +1,6 @@
-// elect.sync: one lane of the warp (the same one for all lanes) is chosen, without a shuffle or a lane-id test.
-// Used so that exactly one thread issues TMA / arms barriers while the warp stays converged.
+// Warp-level choices: elect.sync, one lane of the warp (the same one for all lanes) chosen without a shuffle or a
+// lane-id test, so that exactly one thread issues TMA / arms barriers while the warp stays converged; and a value
+// made warp-uniform.
 #pragma once
 
 #include <cstdint>
@@ -20,5 +21,11 @@ __device__ __forceinline__ bool elect_one_sync() {
   return false;
 #endif
 }
+
+// Lane 0's value, broadcast: the compiler then knows it is the same in every lane and keeps what derives from it
+// (a warpgroup's index, the shared-memory descriptors built from it) in uniform registers, where wgmma reads its
+// descriptors, instead of copying vector registers over (R2UR) before every wgmma. FA3's warp-group index is
+// read the same way. All 32 lanes must call it.
+__device__ __forceinline__ int warp_uniform(int value) { return __shfl_sync(0xffffffffu, value, 0); }
 
 }  // namespace fa4::ptx

@@ -3,6 +3,7 @@
 // Instantiated for the sm90 rows of src/cuda/instances.def, each behind a launch function for launch.cu.
 #include <cuda_runtime.h>
 
+#include "cuda/ptx/elect.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/sm90/epilogue.cuh"
 #include "cuda/sm90/kernel_fwd.hpp"
@@ -107,7 +108,7 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     return;
   }
   if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
-  consumer_role<In, Row, Varlen>(p, smem, warpgroup - 1);
+  consumer_role<In, Row, Varlen>(p, smem, ptx::warp_uniform(warpgroup - 1));  // uniform: see warp_uniform
 }
 
 template <DType Dtype, int Row, bool Varlen>

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda/ptx/cluster.cuh"
+#include "cuda/ptx/elect.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
@@ -88,7 +89,7 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     return;
   }
   ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
-  const int consumer = warpgroup - 1;
+  const int consumer = ptx::warp_uniform(warpgroup - 1);  // uniform registers for the descriptors built from it
   if constexpr (Config::kColumnSplit) {
     // The head-dim chunks split over the two warpgroups (the first takes the odd one at d = 192).
     constexpr int kChunks0 = Config::kWideChunks0, kChunks1 = Config::kHeadDimChunks - kChunks0;
