@@ -121,6 +121,24 @@ TEST(ModelTile, HopperClusterPairHalvesBackwardLoadsAndReduceAdds) {
   EXPECT_EQ(pair.mma_cycles, one.mma_cycles);
 }
 
+// Hopper's dQ = dS K as fa4's sm_90a rows compute it: 64 x 64 units over the warpgroups, each reading its 64 x N
+// slice of dS and N x 64 slice of K (at d = 128 dS is read twice, once per head-dim half); an 80-row tile
+// (FlashAttention-3's, not a multiple of 64) computes dQ transposed, reading K once and dS^T per 64 columns of d.
+TEST(ModelTile, HopperBackwardDqOperandsPerUnit) {
+  m::TileConfig t;
+  t.pass = m::Pass::bwd;
+  t.m = 64;
+  t.n = 128;  // d = 128
+  const m::Hardware& h200 = m::hardware(m::Gpu::h200);
+  // S^T, dP^T: K or V once, Q or dO per 64-key warpgroup; dV, dK: dO or Q per warpgroup (A from registers).
+  auto others = [](int m) { return 2 * (128 * 128 * 2 + 2 * m * 128 * 2) + 2 * (2 * m * 128 * 2); };
+  EXPECT_EQ(m::tile_cost(h200, t).smem_operand_bytes - others(64), 2 * (64 * 128 + 128 * 64) * 2);  // 64 KB
+  EXPECT_EQ(m::tile_cost(h200, t).bound, m::Resource::smem);
+  t.m = 80;
+  EXPECT_EQ(m::tile_cost(h200, t).smem_operand_bytes - others(80), 2 * (128 * 64 + 128 * 80) * 2);  // 72 KB
+  EXPECT_EQ(m::tile_cost(h200, t).bound, m::Resource::mma);
+}
+
 TEST(ModelTile, RejectsInvalidConfigurations) {
   m::TileConfig t;
   t.ctas = 2;
