@@ -548,6 +548,33 @@ TEST(GpuBackwardSm90, ProgrammaticLaunchesMatchThePlainOnes) {
     }
 }
 
+// FA4_BWD_DQ_REGISTER_ADDS=1: the key-split rows' warpgroups add their dQ slabs from registers (no staging, no
+// writer) in the default mode; deterministic mode keeps the writer (its bits unchanged by the switch). Every
+// key-split row, the masks, GQA, tails; the column-split rows are unaffected but checked under the switch too.
+TEST(GpuBackwardSm90, DqRegisterAddsMatchTheReference) {
+  REQUIRE_SM90();
+  const EnvOverride on("FA4_BWD_DQ_REGISTER_ADDS", "1");
+  for (int d : {64, 128, 192, 256})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
+      c.options = options_for(m);
+      if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
+      c.seed = 8100 + uint64_t(d) + uint64_t(m);
+      check_backward_case(c);
+    }
+  BwdCase c;  // deterministic mode: the writer's ordered adds, the same bits with the switch on and off
+  c.head_dim = 128;
+  c.batch = 1, c.seqlen_q = 500, c.seqlen_k = 700, c.heads_q = 2, c.heads_kv = 1;
+  c.options.deterministic = true;
+  c.seed = 8200;
+  const BwdResult with_switch = run_backward_on_gpu(c, /*with_reference=*/false);
+  const EnvOverride off("FA4_BWD_DQ_REGISTER_ADDS", "0");
+  const BwdResult without = run_backward_on_gpu(c, /*with_reference=*/false);
+  EXPECT_TRUE(with_switch.dq_values == without.dq_values) << c.name() << ": deterministic dQ changed by the switch";
+}
+
 // What the backward cannot take is refused with a message naming the argument, before anything is written.
 TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   REQUIRE_SM90();
@@ -588,7 +615,7 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
   for (const char* name :
        {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST",
-        "FA4_BWD_PDL"}) {
+        "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
     const EnvOverride bad(name, "3");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});

@@ -60,6 +60,39 @@ __device__ __forceinline__ float* dq_accum_unit(const BwdParams& p, int32_t chai
          ((row_base / kDqUnitRows + row_chunk) * Config::kHeadDimChunks + col_chunk) * int64_t(kDqUnitFloats);
 }
 
+// The first accumulator unit of key-split warpgroup c's slab of query tile m_block (the slab is the warpgroup's
+// kDqUnitsPerWarpgroup consecutive units: by query rows at d = 64, by head-dim columns at d = 128).
+template <class Config>
+__device__ __forceinline__ float* key_split_slab_unit(const BwdParams& p, int32_t chain, int64_t row_base,
+                                                      int32_t m_block, int c) {
+  const int first_unit = c * Config::kDqUnitsPerWarpgroup;
+  const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks;
+  return dq_accum_unit<Config>(p, chain, row_base, row_chunk, first_unit % Config::kHeadDimChunks);
+}
+
+// Writes a warpgroup's dQ accumulator straight from its registers into accumulator units from `units` (this
+// thread's float4 of the first unit): register group g (4 floats) of unit g / 8 lies at group g % 8 of that unit,
+// base + 512 floats · g, so a warp's instruction covers 512 contiguous bytes. store: the values a reduce-add into
+// zeroed memory would leave (subnormals flushed, -0 as +0), stored: the zeroed copies' bits; else reduce-added.
+// One loop per case, chosen once: a choice per group compiled to a branch and a convergence barrier (BSSY/BSYNC)
+// per group (perf-log B18).
+template <int N>
+__device__ __forceinline__ void write_accumulator_units(float* units, const ptx::WgmmaAccumulator<N>& dq,
+                                                        bool store = false) {
+  if (store) {
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g)
+      ptx::st_global_v4(units + g * kWarpgroupThreads * 4, ptx::flushed_plus_zero(dq.reg[4 * g]),
+                        ptx::flushed_plus_zero(dq.reg[4 * g + 1]), ptx::flushed_plus_zero(dq.reg[4 * g + 2]),
+                        ptx::flushed_plus_zero(dq.reg[4 * g + 3]));
+  } else {
+#pragma unroll
+    for (int g = 0; g < N / 8; ++g)
+      ptx::red_global_add_v4(units + g * kWarpgroupThreads * 4, dq.reg[4 * g], dq.reg[4 * g + 1], dq.reg[4 * g + 2],
+                             dq.reg[4 * g + 3]);
+  }
+}
+
 // The named barrier on which warpgroup `consumer` hands its staged slab to dQ writer `writer`.
 __device__ __forceinline__ uint32_t dq_full_barrier(int consumer, int writer) {
   return static_cast<uint32_t>(BwdBarrier::first_dq_full) + uint32_t(consumer + kBwdMaxConsumerWarpgroups * writer);
@@ -206,7 +239,7 @@ class DqRegisterAdder {
                       int32_t m_block) const {
     const int thread = threadIdx.x % kWarpgroupThreads;
     if (!p.deterministic) {
-      write_all(dq_accum_unit<Config>(p, 0, row_base, m_block, first_chunk_) + thread * 4, dq);
+      write_accumulator_units(dq_accum_unit<Config>(p, 0, row_base, m_block, first_chunk_) + thread * 4, dq);
       return;
     }
     const int32_t chain = dq_chain_of(p, work);
@@ -220,7 +253,7 @@ class DqRegisterAdder {
       // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
       // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
       ptx::named_barrier_sync(turn_granted_barrier(consumer_), kWarpgroupThreads + 32);
-      write_all(units, dq, store);
+      write_accumulator_units(units, dq, store);
       ptx::named_barrier_arrive(adds_issued_barrier(consumer_), kWarpgroupThreads + 32);
       return;
     }
@@ -228,33 +261,13 @@ class DqRegisterAdder {
         dq_turn_counter<Config>(p, chain, row_base, m_block, consumer_));
     if (thread == 0) wait_for_turn(counter, turn);
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);  // the acquire above, before every thread's adds
-    write_all(units, dq, store);
+    write_accumulator_units(units, dq, store);
     __threadfence();
     ptx::named_barrier_sync(barrier_, kWarpgroupThreads);
     if (thread == 0) counter.fetch_add(1, ::cuda::memory_order_release);
   }
 
  private:
-  // Register group g (4 floats) of unit g / 8 lies at group g % 8 of that unit: base + 512 floats · g. store: the
-  // values a reduce-add into zeroed memory would leave (subnormals flushed, -0 as +0), stored: the zeroed copies'
-  // bits. One loop per case, chosen once: a choice per group compiled to a branch and a convergence barrier
-  // (BSSY/BSYNC) per group, on the path between the turn grant and the publication (perf-log B18).
-  template <int N>
-  __device__ static void write_all(float* units, const ptx::WgmmaAccumulator<N>& dq, bool store = false) {
-    if (store) {
-#pragma unroll
-      for (int g = 0; g < N / 8; ++g)
-        ptx::st_global_v4(units + g * kWarpgroupThreads * 4, ptx::flushed_plus_zero(dq.reg[4 * g]),
-                          ptx::flushed_plus_zero(dq.reg[4 * g + 1]), ptx::flushed_plus_zero(dq.reg[4 * g + 2]),
-                          ptx::flushed_plus_zero(dq.reg[4 * g + 3]));
-    } else {
-#pragma unroll
-      for (int g = 0; g < N / 8; ++g)
-        ptx::red_global_add_v4(units + g * kWarpgroupThreads * 4, dq.reg[4 * g], dq.reg[4 * g + 1],
-                               dq.reg[4 * g + 2], dq.reg[4 * g + 3]);
-    }
-  }
-
   uint32_t barrier_;
   int consumer_, first_chunk_;
 };

@@ -37,14 +37,12 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   static_assert(!Config::kColumnSplit, "column-split rows add dQ from registers");
   // The slabs this warp takes alone (the pair's exchange takes them with its helpers: DqPairExchange::tile).
   constexpr uint32_t kHandoffThreads = kWarpgroupThreads + 32;
-  if (work.empty()) return;
+  if (work.empty() || p.dq_register_adds) return;  // with register adds the consumers add their slabs themselves
   const bool leader = ptx::elect_one_sync();
   trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceDqWriter, leader && writer == 0);  // writer 0's events only
   // The accumulator unit of warpgroup c's slab of query tile m_block.
   auto slab_of = [&](int64_t row_base, int32_t m_block, int c) {
-    const int first_unit = c * Config::kDqUnitsPerWarpgroup;
-    const int64_t row_chunk = int64_t(m_block) * (Config::kBlockM / kDqUnitRows) + first_unit / Config::kHeadDimChunks;
-    return dq_accum_unit<Config>(p, dq_chain_of(p, work), row_base, row_chunk, first_unit % Config::kHeadDimChunks);
+    return key_split_slab_unit<Config>(p, dq_chain_of(p, work), row_base, m_block, c);
   };
   auto take_slab = [&](int c) {  // waits until warpgroup c's slab is staged
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);

@@ -74,6 +74,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
   DqStager<Row> dq_stager(smem, consumer);
   int ds_buffer = 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
+    const int64_t row_base = work.template ws_row_base<BlockM>(p, h);  // the head's dQ accumulator rows
     for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
       FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, m_block);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
@@ -114,7 +115,10 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
-      dq_stager.stage(p, dq);
+      if (p.dq_register_adds)  // FA4_BWD_DQ_REGISTER_ADDS (default mode): red.global.add.v4 from the registers
+        write_accumulator_units(key_split_slab_unit<Config>(p, 0, row_base, m_block, consumer) + thread * 4, dq);
+      else
+        dq_stager.stage(p, dq);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
       ptx::wgmma_wait_group<0>();
       FA4_TRACE_RECORD(rec, trace::Kind::pv_done, m_block);
@@ -134,7 +138,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       ds_buffer ^= 1;
     }
   }
-  dq_stager.finish();
+  dq_stager.finish();  // nothing to wait for when it staged nothing (register adds)
 }
 
 }  // namespace fa4::sm90
