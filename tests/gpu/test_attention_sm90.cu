@@ -430,6 +430,26 @@ TEST(GpuAttentionSm90, PersistentWalkSmall) {
   expect_persistent_walk_matches_one_tile_per_cta(64, 1, 8, 4, 3300, 3000);
 }
 
+// FA4_FWD_LPT_COUNTER=0: the causal order walked by the static snake (tile_order.hpp's snake_next) instead of the
+// tile counter; the same bits as one tile per CTA, every row and mask (the switch changes only the causal walk);
+// a value other than 0 or 1 is refused by name.
+TEST(GpuAttentionSm90, StaticLptWalkMatchesOneTilePerCta) {
+  REQUIRE_SM90();
+  const EnvOverride snake("FA4_FWD_LPT_COUNTER", "0");
+  expect_persistent_walk_matches_one_tile_per_cta(0, 2, 16, 4, 1200, 900);
+  auto q = HostTensor::make(DType::bf16, {1, 64, 2, 64});
+  q.fill_normal(1);
+  DeviceCopy dq(q, size_t(q.numel())), dout(q, size_t(q.numel()));
+  const EnvOverride bad("FA4_FWD_LPT_COUNTER", "2");
+  try {
+    fa4::forward(dq.desc(), dq.desc(), dq.desc(), dout.desc(), nullptr);
+    ADD_FAILURE() << "FA4_FWD_LPT_COUNTER=2 was accepted";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::Status::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("FA4_FWD_LPT_COUNTER"), std::string::npos) << e.what();
+  }
+}
+
 // What the kernel cannot read is refused with Status::unsupported naming the argument, before any launch.
 TEST(GpuAttentionSm90, UnsupportedLayoutsAndPassesAreRefusedClearly) {
   REQUIRE_SM90();

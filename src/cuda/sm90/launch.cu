@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <numeric>
 #include <mutex>
@@ -95,6 +96,15 @@ cudaError_t opt_in_dynamic_smem(const void* kernel, uint32_t smem, bool again) {
     return e;
   done = smem;
   return cudaSuccess;
+}
+
+bool env_switch(const char* call, const char* name, bool fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return fallback;
+  const std::string value(env);
+  if (value == "0" || value == "1") return value == "1";
+  throw Error(Status::invalid_argument,
+              std::string(call) + ": environment " + name + ": expected 0 or 1, got '" + value + "'");
 }
 
 std::optional<int> device_attribute(int index, cudaDeviceAttr attr) {
@@ -272,10 +282,13 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 
 // The LPT order's tile counter (params.order.lpt), in stream-ordered memory: zeroed, used and freed in stream
 // order, so concurrent calls on other streams never share it, and CUDA-graph capture records it as
-// allocation/memset nodes. Nothing without LPT.
+// allocation/memset nodes. Nothing without LPT, nor with FA4_FWD_LPT_COUNTER=0 (an A/B switch, perf-log F11: the
+// static snake over the same order, scheduler.cuh, and no allocation or memset per call); read on every call, so a
+// bad value is refused whatever the mask.
 void zero_tile_counter(const char* call, FwdParams& params, cudaStream_t stream,
                        std::optional<StreamOrderedBuffer>& counter) {
-  if (!params.order.lpt) return;
+  const bool use_counter = env_switch(call, "FA4_FWD_LPT_COUNTER", true);
+  if (!params.order.lpt || !use_counter) return;
   counter.emplace(call, sizeof(uint32_t), stream, "the 4-byte tile counter");
   params.tile_counter = static_cast<uint32_t*>(counter->get());
   throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), stream),

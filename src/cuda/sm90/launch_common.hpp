@@ -15,6 +15,10 @@ namespace fa4::sm90 {
 
 inline constexpr int kBatch = 0, kSeq = 1, kHeads = 2;  // Tensor dims: [batch, seqlen, heads, head_dim]
 
+// An on/off A/B switch from the environment: unset or empty gives `fallback`, "0" off, "1" on; any other value
+// is an error naming the variable, not a silent default.
+bool env_switch(const char* call, const char* name, bool fallback);
+
 // Throws Error(cuda_error) "<call>: <what>: <name> (<description>)" unless e is cudaSuccess.
 inline void throw_if_cuda_error(const char* call, cudaError_t e, const char* what) {
   if (e != cudaSuccess)

@@ -60,17 +60,6 @@ PairMode pair_mode(const char* call, const BwdTile& tile, const detail::Problem&
   return asked;
 }
 
-// An on/off A/B switch from the environment: unset or empty gives `fallback`, "0" off, "1" on; any other value
-// is an error naming the variable, not a silent default.
-bool env_switch(const char* call, const char* name, bool fallback) {
-  const char* env = std::getenv(name);
-  if (env == nullptr || *env == '\0') return fallback;
-  const std::string value(env);
-  if (value == "0" || value == "1") return value == "1";
-  throw Error(Status::invalid_argument,
-              std::string(call) + ": environment " + name + ": expected 0 or 1, got '" + value + "'");
-}
-
 // Deterministic mode's turn chains (dq_turn_of): key block n adds into accumulator copy n % chains in the chain's
 // own turn order, so the CTAs of a wave wait for 1/chains of the links before their first add, at the cost of
 // summing chains - 1 more fp32 dQ copies. The default is the tile row's (kBwdTiles, perf-log B17), one count
