@@ -575,6 +575,32 @@ TEST(GpuBackwardSm90, DqRegisterAddsMatchTheReference) {
   EXPECT_TRUE(with_switch.dq_values == without.dq_values) << c.name() << ": deterministic dQ changed by the switch";
 }
 
+// FA4_BWD_RELEASE_PER_WARP=1: the consumers release each Q/dO/LSE/D stage with one arrival per warp. Every row
+// (key-split and column-split), the masks, GQA, two stages cycling many times (1100 keys, 333 queries, two heads
+// per kv head); deterministic mode's bits equal to the per-thread release's. Small enough for racecheck
+// (device-check's sanitizer filter can name it).
+TEST(GpuBackwardSm90, StagesReleasedPerWarp) {
+  REQUIRE_SM90();
+  for (int d : {64, 128, 192, 256})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 1, c.seqlen_q = 333, c.seqlen_k = 700, c.heads_q = 4, c.heads_kv = 2;
+      c.options = options_for(m);
+      c.seed = 8300 + uint64_t(d) + uint64_t(m);
+      {
+        const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
+        check_backward_case(c);
+      }
+      c.options.deterministic = true;
+      const BwdResult per_thread = run_backward_on_gpu(c, /*with_reference=*/false);
+      const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
+      const BwdResult per_warp = run_backward_on_gpu(c, /*with_reference=*/false);
+      EXPECT_TRUE(per_warp.dq_values == per_thread.dq_values) << c.name() << ": deterministic dQ differs";
+      EXPECT_TRUE(per_warp.dk_values == per_thread.dk_values) << c.name() << ": dK differs";
+    }
+}
+
 // What the backward cannot take is refused with a message naming the argument, before anything is written.
 TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   REQUIRE_SM90();
@@ -615,7 +641,7 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
   for (const char* name :
        {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST",
-        "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
+        "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS", "FA4_BWD_RELEASE_PER_WARP"}) {
     const EnvOverride bad(name, "3");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});

@@ -561,6 +561,32 @@ TEST(GpuVarlenSm90, BackwardDeterministicChains) {
       }
 }
 
+// FA4_BWD_DQ_REGISTER_ADDS=1 (the key-split warpgroups add their dQ slabs from registers) on variable-length
+// batches: both workspace layouts (ragged: the compact one), d = 64 and 128, causal and not.
+TEST(GpuVarlenSm90, BackwardDqRegisterAdds) {
+  REQUIRE_SM90();
+  const EnvOverride on("FA4_BWD_DQ_REGISTER_ADDS", "1");
+  uint64_t seed = 950;
+  for (int d : {64, 128})
+    for (bool ragged : {true, false})
+      for (bool causal : {false, true}) {
+        VarlenCase c;
+        c.dtype = DType::bf16, c.head_dim = d;
+        if (ragged) {
+          c.len_q = {77, 0, 1, 300, 129, 40};
+          c.len_k = {45, 3, 1, 700, 129, 600};
+          c.spare_q = 9, c.spare_k = 21;
+        } else {
+          c.len_q = {256, 256, 256, 256};
+          c.len_k = {640, 256, 512, 600};
+        }
+        c.options.causal = causal;
+        c.seed = seed++;
+        SCOPED_TRACE(std::string(ragged ? "ragged" : "equal lengths") + (causal ? " causal" : ""));
+        check_varlen_backward(c);
+      }
+}
+
 TEST(GpuVarlenSm90, BackwardSequsedKGqaAndManySequences) {
   REQUIRE_SM90();
   VarlenCase c;  // keys past seqused_k NaN, a sequence with none used; MQA

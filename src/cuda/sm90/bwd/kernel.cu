@@ -48,7 +48,9 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     // and, with the CTA pair, every warp of the peer's consumers (its producer fills half of this CTA's stage).
     constexpr uint32_t kConsumerThreads = kWarpgroupThreads * Config::kConsumerWarpgroups;
     cuda::Pipeline<1>::init(smem.kv_ring, 1, 1);
-    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, kConsumerThreads + (paired ? kConsumerThreads / 32 : 0u));
+    // FA4_BWD_RELEASE_PER_WARP (an A/B switch, perf-log B21): one arrival per consumer warp instead.
+    const uint32_t own_arrivals = p.release_per_warp ? kConsumerThreads / 32 : kConsumerThreads;
+    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, own_arrivals + (paired ? kConsumerThreads / 32 : 0u));
     if constexpr (Config::kPairCapable)
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
         // every lane of the dQ writer warp, and of the two helper warps when the pair exchanges dQ halves
