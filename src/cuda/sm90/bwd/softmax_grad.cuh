@@ -20,18 +20,20 @@ __device__ __forceinline__ uint32_t smem_address(const void* p) {
 
 // Pᵀ and dSᵀ of one tile in place (s: Sᵀ -> Pᵀ, dp: dPᵀ -> dSᵀ), for this thread's key rows key[2] and the
 // tile's queries from query0 (col_base: this thread's column-pair offset). lse/dsum: the stage's LSE₂ and D.
-// Waits for the Sᵀ group, then for the dPᵀ group.
-template <int BlockM, class Work>
-__device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, const Work& work, ptx::WgmmaAccumulator<BlockM>& s,
-                                                  ptx::WgmmaAccumulator<BlockM>& dp, const float* lse,
-                                                  const float* dsum, const int64_t (&key)[2], int64_t query0,
-                                                  int col_base, bool masked, trace::Recorder& rec,
-                                                  int32_t m_block) {
+// Waits for the Sᵀ group, then for the dPᵀ group. Masked: the tile is not fully visible (every element tested);
+// a fully visible tile's body has no mask code at all (softmax_grad_tile below picks the body per tile, as the
+// forward's interior body, perf-log F6: a run-time flag left two compares and a select per element in both).
+template <int BlockM, bool Masked, class Work>
+__device__ __forceinline__ void softmax_grad_tile_body(const BwdParams& p, const Work& work,
+                                                       ptx::WgmmaAccumulator<BlockM>& s,
+                                                       ptx::WgmmaAccumulator<BlockM>& dp, const float* lse,
+                                                       const float* dsum, const int64_t (&key)[2], int64_t query0,
+                                                       int col_base, trace::Recorder& rec, int32_t m_block) {
   // The mask seen from a key: row i sees key j iff j - offset - right <= i <= j - offset + left (each side
   // unbounded when -1), and keys past seqlen_k see no row. Per row half, the interval of this thread's column
   // offsets (reg_col_in_pair_block) that see it, so each element costs two 32-bit compares.
   int32_t lo[2] = {0, 0}, hi[2] = {BlockM, BlockM};
-  if (masked) {
+  if constexpr (Masked) {
     const num::Mask& mask = work.mask(p);  // the sequence's (work.cuh)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -44,6 +46,7 @@ __device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, const Work
     }
   }
   auto visible = [&](int i) {
+    if constexpr (!Masked) return true;
     const int c = reg_col_in_pair_block(i), h = reg_row_half(i);
     return c >= lo[h] && c <= hi[h];
   };
@@ -86,6 +89,18 @@ __device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, const Work
       s.reg[i] = prob;
     }
   }
+}
+
+template <int BlockM, class Work>
+__device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, const Work& work, ptx::WgmmaAccumulator<BlockM>& s,
+                                                  ptx::WgmmaAccumulator<BlockM>& dp, const float* lse,
+                                                  const float* dsum, const int64_t (&key)[2], int64_t query0,
+                                                  int col_base, bool masked, trace::Recorder& rec,
+                                                  int32_t m_block) {
+  if (masked)
+    softmax_grad_tile_body<BlockM, true>(p, work, s, dp, lse, dsum, key, query0, col_base, rec, m_block);
+  else
+    softmax_grad_tile_body<BlockM, false>(p, work, s, dp, lse, dsum, key, query0, col_base, rec, m_block);
 }
 
 // Writes 64 × 16 slices (16-bit A fragments, i.e. the accumulator as wgmma's A operand rounds it) into a
