@@ -133,14 +133,15 @@ TileCost tile_cost(const Hardware& hw, const TileConfig& t) {
     c.flops = 10 * M * N * d;  // five GEMMs = 2.5 x forward
     // KV-stationary, S and dP computed transposed (fa4.md §5.2, fa3.md §4.3): per CTA N key rows, M query rows.
     // dQ = dS K. Blackwell: one MMA over the CTA's rows (2-CTA: M/2 rows, 2N deep). Hopper, M a multiple of 64:
-    // in 64 x 64 units of dQ spread over the warpgroups (fa4's sm_90a rows: by query rows at d = 64, by head-dim
-    // columns at d = 128, the column-split rows' chunks), each reading its 64 x N slice of dS and its N x 64 slice
-    // of K (a 64 x d unit per warpgroup would hold d / 2 more accumulator registers per thread). Other M
-    // (FlashAttention-3's 80-row tiles): transposed, dQ^T = K^T dS^T in 64-column units of d, each reading its
-    // N x 64 of K and all of dS^T.
+    // per 64-row chunk of dQ the consumer warpgroups split the head dim (fa4's sm_90a rows: d = 128 in two 64-column
+    // units, d = 192/256 in two column groups; d = 64 is one unit, the rows split instead), each issuing its wgmmas
+    // with its own columns as N, so dS (A) is read once per warpgroup that has columns, min(d/64, 2) times, and K
+    // (B) once. Other M (FlashAttention-3's 80-row tiles): transposed, dQ^T = K^T dS^T in 64-column units of d,
+    // each reading its N x 64 of K and all of dS^T.
+    constexpr double kDqColumnGroups = 2;  // the consumer warpgroups that split the head dim
     const double dq_operand_bytes =
-        tmem             ? gemm_smem_bytes(M / ctas, ctas * N, d, true)
-        : std::fmod(M, 64) == 0 ? (M / 64) * std::ceil(d / 64) * (64 * N + N * 64) * elem
+        tmem                    ? gemm_smem_bytes(M / ctas, ctas * N, d, true)
+        : std::fmod(M, 64) == 0 ? (M / 64) * (std::min(std::ceil(d / 64), kDqColumnGroups) * 64 * N + N * d) * elem
                                 : std::ceil(d / 64) * (N * 64 + N * M) * elem;
     c.smem_operand_bytes = gemm_smem_bytes(N, d, M, true)            // S^T = K Q^T
                            + gemm_smem_bytes(N, d, M, true)          // dP^T = V dO^T

@@ -121,8 +121,8 @@ TEST(ModelTile, HopperClusterPairHalvesBackwardLoadsAndReduceAdds) {
   EXPECT_EQ(pair.mma_cycles, one.mma_cycles);
 }
 
-// Hopper's dQ = dS K as fa4's sm_90a rows compute it: 64 x 64 units over the warpgroups, each reading its 64 x N
-// slice of dS and N x 64 slice of K (at d = 128 dS is read twice, once per head-dim half); an 80-row tile
+// Hopper's dQ = dS K as fa4's sm_90a rows compute it: per 64-row chunk the two warpgroups split the head dim, each
+// reading the chunk's dS and its own columns of K (at d = 128 dS is read twice, once per head-dim half); an 80-row tile
 // (FlashAttention-3's, not a multiple of 64) computes dQ transposed, reading K once and dS^T per 64 columns of d.
 TEST(ModelTile, HopperBackwardDqOperandsPerUnit) {
   m::TileConfig t;

@@ -484,7 +484,7 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
 // (no copy written) and the second chain visits none (one key block at d <= 128).
 TEST(GpuBackwardSm90, DeterministicStoreFirstMatchesTheZeroedCopies) {
   REQUIRE_SM90();
-  for (const char* chains : {"1", "2"})
+  for (const char* chains : {"1", "2", "4"})
     for (const char* helpers : {"1", "0"})
       for (int d : {64, 128, 192, 256})
         for (int shape = 0; shape < 4; ++shape) {
@@ -549,8 +549,8 @@ TEST(GpuBackwardSm90, ProgrammaticLaunchesMatchThePlainOnes) {
 }
 
 // FA4_BWD_DQ_REGISTER_ADDS=1: the key-split rows' warpgroups add their dQ slabs from registers (no staging, no
-// writer) in the default mode; deterministic mode keeps the writer (its bits unchanged by the switch). Every
-// key-split row, the masks, GQA, tails; the column-split rows are unaffected but checked under the switch too.
+// writer) in the default mode. Every key-split row, the masks, GQA, tails; the column-split rows are unaffected
+// but checked under the switch too, and so is the CTA pair, which keeps its writer.
 TEST(GpuBackwardSm90, DqRegisterAddsMatchTheReference) {
   REQUIRE_SM90();
   const EnvOverride on("FA4_BWD_DQ_REGISTER_ADDS", "1");
@@ -564,15 +564,18 @@ TEST(GpuBackwardSm90, DqRegisterAddsMatchTheReference) {
       c.seed = 8100 + uint64_t(d) + uint64_t(m);
       check_backward_case(c);
     }
-  BwdCase c;  // deterministic mode: the writer's ordered adds, the same bits with the switch on and off
-  c.head_dim = 128;
-  c.batch = 1, c.seqlen_q = 500, c.seqlen_k = 700, c.heads_q = 2, c.heads_kv = 1;
-  c.options.deterministic = true;
-  c.seed = 8200;
-  const BwdResult with_switch = run_backward_on_gpu(c, /*with_reference=*/false);
-  const EnvOverride off("FA4_BWD_DQ_REGISTER_ADDS", "0");
-  const BwdResult without = run_backward_on_gpu(c, /*with_reference=*/false);
-  EXPECT_TRUE(with_switch.dq_values == without.dq_values) << c.name() << ": deterministic dQ changed by the switch";
+  // The CTA pair keeps its dQ exchange and writer (the switch does not apply there): right, no hang.
+  for (const char* pair : {"1", "multicast"})
+    for (int d : {64, 128}) {
+      const EnvOverride cluster("FA4_BWD_CLUSTER", pair);
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 700, c.heads_q = 4, c.heads_kv = 2;
+      c.options.causal = d == 64;
+      c.seed = 8200 + uint64_t(d);
+      SCOPED_TRACE(std::string("FA4_BWD_CLUSTER=") + pair);
+      check_backward_case(c);
+    }
 }
 
 // FA4_BWD_RELEASE_PER_WARP=1: the consumers release each Q/dO/LSE/D stage with one arrival per warp. Every row
@@ -593,11 +596,28 @@ TEST(GpuBackwardSm90, StagesReleasedPerWarp) {
         check_backward_case(c);
       }
       c.options.deterministic = true;
-      const BwdResult per_thread = run_backward_on_gpu(c, /*with_reference=*/false);
+      BwdResult per_thread;
+      {
+        const EnvOverride off("FA4_BWD_RELEASE_PER_WARP", "0");  // pinned: a caller's environment may set it
+        per_thread = run_backward_on_gpu(c, /*with_reference=*/false);
+      }
       const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
       const BwdResult per_warp = run_backward_on_gpu(c, /*with_reference=*/false);
       EXPECT_TRUE(per_warp.dq_values == per_thread.dq_values) << c.name() << ": deterministic dQ differs";
       EXPECT_TRUE(per_warp.dk_values == per_thread.dk_values) << c.name() << ": dK differs";
+    }
+  // The CTA pair: the stage's barrier also counts the peer's warps (one arrival per warp either way).
+  for (const char* pair : {"1", "multicast"})
+    for (int d : {64, 128}) {
+      const EnvOverride cluster("FA4_BWD_CLUSTER", pair);
+      const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 700, c.heads_q = 4, c.heads_kv = 2;
+      c.options.causal = d == 128;
+      c.seed = 8400 + uint64_t(d);
+      SCOPED_TRACE(std::string("FA4_BWD_CLUSTER=") + pair);
+      check_backward_case(c);
     }
 }
 

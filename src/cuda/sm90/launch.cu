@@ -283,8 +283,8 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 // The LPT order's tile counter (params.order.lpt), in stream-ordered memory: zeroed, used and freed in stream
 // order, so concurrent calls on other streams never share it, and CUDA-graph capture records it as
 // allocation/memset nodes. Nothing without LPT, nor with FA4_FWD_LPT_COUNTER=0 (an A/B switch, perf-log F11: the
-// static snake over the same order, scheduler.cuh, and no allocation or memset per call); read on every call, so a
-// bad value is refused whatever the mask.
+// static snake over the same order, scheduler.cuh, and no allocation or memset per call); read on every call that
+// launches, so a bad value is refused whatever the mask.
 void zero_tile_counter(const char* call, FwdParams& params, cudaStream_t stream,
                        std::optional<StreamOrderedBuffer>& counter) {
   const bool use_counter = env_switch(call, "FA4_FWD_LPT_COUNTER", true);
@@ -555,13 +555,13 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
 
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
+  std::optional<StreamOrderedBuffer> counter;
+  zero_tile_counter(call, params, cu_stream, counter);  // may refuse FA4_FWD_LPT_COUNTER: before the trace begins
 #if FA4_TRACE
   params.trace = trace::begin_launch("sm90 fwd varlen " + std::string(to_string(p.dtype)) + " d" +
                                          std::to_string(p.head_dim) + " (row " + std::to_string(row) + ")",
                                      grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
-  std::optional<StreamOrderedBuffer> counter;
-  zero_tile_counter(call, params, cu_stream, counter);
   throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/true, params, grid, cu_stream),
                       "sm_90a varlen forward launch failed");
   if (counter) counter->free(call);
