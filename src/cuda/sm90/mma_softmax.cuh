@@ -20,6 +20,7 @@
 #include <type_traits>
 
 #include "cuda/pipeline/pipeline.cuh"
+#include "cuda/ptx/elect.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/named_barrier.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -254,8 +255,15 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const uint32_t q_rows =
       static_cast<uint32_t>(__cvta_generic_to_shared(smem.q)) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
   constexpr uint32_t kQChunkBytes = uint32_t(kBlockM) * ptx::kSw128RowBytes;
-  auto k_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.k[stage])); };
-  auto v_addr = [&](uint32_t stage) { return static_cast<uint32_t>(__cvta_generic_to_shared(smem.v[stage])); };
+  // The K/V stage's address made warp-uniform (ptx::warp_uniform): the stage index is a loop-carried register the
+  // compiler does not prove uniform, so each wgmma's descriptor was built in vector registers and copied (R2UR)
+  // per k-step; one shuffle per tile step instead (perf-log F12).
+  auto k_addr = [&](uint32_t stage) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(smem.k[ptx::warp_uniform(int(stage))]));
+  };
+  auto v_addr = [&](uint32_t stage) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(smem.v[ptx::warp_uniform(int(stage))]));
+  };
   const ScoreForm form = score_form(p);
   auto softmax_with = [&](const num::Mask& mask, S& s, int32_t n_block) {
     const bool masked = !tile_pair_fully_visible<kBlockM, kBlockN>(mask, tile.m_block, n_block);
