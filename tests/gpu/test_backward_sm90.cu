@@ -548,6 +548,22 @@ TEST(GpuBackwardSm90, ProgrammaticLaunchesMatchThePlainOnes) {
     }
 }
 
+// The CTA pair (FA4_BWD_CLUSTER: 1 with its dQ exchange, multicast without) at d = 64 and 128, one causal, GQA,
+// against the reference, under whatever switches the caller set.
+void check_cta_pair_cases(uint64_t seed) {
+  for (const char* pair : {"1", "multicast"})
+    for (int d : {64, 128}) {
+      const EnvOverride cluster("FA4_BWD_CLUSTER", pair);
+      BwdCase c;
+      c.head_dim = d;
+      c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 700, c.heads_q = 4, c.heads_kv = 2;
+      c.options.causal = d == 64;
+      c.seed = seed + uint64_t(d);
+      SCOPED_TRACE(std::string("FA4_BWD_CLUSTER=") + pair);
+      check_backward_case(c);
+    }
+}
+
 // FA4_BWD_DQ_REGISTER_ADDS=1: the key-split rows' warpgroups add their dQ slabs from registers (no staging, no
 // writer) in the default mode. Every key-split row, the masks, GQA, tails; the column-split rows are unaffected
 // but checked under the switch too, and so is the CTA pair, which keeps its writer.
@@ -564,18 +580,7 @@ TEST(GpuBackwardSm90, DqRegisterAddsMatchTheReference) {
       c.seed = 8100 + uint64_t(d) + uint64_t(m);
       check_backward_case(c);
     }
-  // The CTA pair keeps its dQ exchange and writer (the switch does not apply there): right, no hang.
-  for (const char* pair : {"1", "multicast"})
-    for (int d : {64, 128}) {
-      const EnvOverride cluster("FA4_BWD_CLUSTER", pair);
-      BwdCase c;
-      c.head_dim = d;
-      c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 700, c.heads_q = 4, c.heads_kv = 2;
-      c.options.causal = d == 64;
-      c.seed = 8200 + uint64_t(d);
-      SCOPED_TRACE(std::string("FA4_BWD_CLUSTER=") + pair);
-      check_backward_case(c);
-    }
+  check_cta_pair_cases(8200);  // the pair keeps its dQ exchange and writer (the switch does not apply): no hang
 }
 
 // FA4_BWD_RELEASE_PER_WARP=1: the consumers release each Q/dO/LSE/D stage with one arrival per warp. Every row
@@ -606,19 +611,8 @@ TEST(GpuBackwardSm90, StagesReleasedPerWarp) {
       EXPECT_TRUE(per_warp.dq_values == per_thread.dq_values) << c.name() << ": deterministic dQ differs";
       EXPECT_TRUE(per_warp.dk_values == per_thread.dk_values) << c.name() << ": dK differs";
     }
-  // The CTA pair: the stage's barrier also counts the peer's warps (one arrival per warp either way).
-  for (const char* pair : {"1", "multicast"})
-    for (int d : {64, 128}) {
-      const EnvOverride cluster("FA4_BWD_CLUSTER", pair);
-      const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
-      BwdCase c;
-      c.head_dim = d;
-      c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 700, c.heads_q = 4, c.heads_kv = 2;
-      c.options.causal = d == 128;
-      c.seed = 8400 + uint64_t(d);
-      SCOPED_TRACE(std::string("FA4_BWD_CLUSTER=") + pair);
-      check_backward_case(c);
-    }
+  const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
+  check_cta_pair_cases(8400);  // the stage's barrier also counts the peer's warps (one arrival per warp either way)
 }
 
 // What the backward cannot take is refused with a message naming the argument, before anything is written.

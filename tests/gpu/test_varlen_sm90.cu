@@ -529,6 +529,22 @@ TEST(GpuVarlenSm90, BackwardEveryInstanceEveryMask) {
   }
 }
 
+// A batch for either backward workspace layout: ragged lengths (with 0 and 1, spare rows past the sequences) take
+// the compact one (a region per head), equal lengths of whole tiles the per-sequence one (the smaller there).
+VarlenCase layout_case(int head_dim, bool ragged) {
+  VarlenCase c;
+  c.dtype = DType::bf16, c.head_dim = head_dim;
+  if (ragged) {
+    c.len_q = {77, 0, 1, 300, 129, 40};
+    c.len_k = {45, 3, 1, 700, 129, 600};
+    c.spare_q = 9, c.spare_k = 21;
+  } else {
+    c.len_q = {256, 256, 256, 256};
+    c.len_k = {640, 256, 512, 600};
+  }
+  return c;
+}
+
 // Deterministic mode in 1, 2 and 4 turn chains (FA4_BWD_DET_CHAINS): a sequence's key blocks split into chains
 // (block n % chains of its own blocks) whose slabs land in the workspace's copies; right, and a second run gives
 // the same bits (check_varlen_backward). Both workspace layouts: ragged lengths take the compact one (a region per
@@ -543,16 +559,7 @@ TEST(GpuVarlenSm90, BackwardDeterministicChains) {
         const bool store_first = std::string(chains) == "2 store-first";
         const EnvOverride chain_count("FA4_BWD_DET_CHAINS", store_first ? "2" : chains);
         const EnvOverride first_stores("FA4_BWD_DET_STORE_FIRST", store_first ? "1" : "0");
-        VarlenCase c;
-        c.dtype = DType::bf16, c.head_dim = d;
-        if (ragged) {
-          c.len_q = {77, 0, 1, 300, 129, 40};
-          c.len_k = {45, 3, 1, 700, 129, 600};
-          c.spare_q = 9, c.spare_k = 21;
-        } else {
-          c.len_q = {256, 256, 256, 256};
-          c.len_k = {640, 256, 512, 600};
-        }
+        VarlenCase c = layout_case(d, ragged);
         c.options.deterministic = true;
         c.options.causal = d != 128;
         c.seed = seed++;
@@ -570,16 +577,7 @@ TEST(GpuVarlenSm90, BackwardDqRegisterAdds) {
   for (int d : {64, 128})
     for (bool ragged : {true, false})
       for (bool causal : {false, true}) {
-        VarlenCase c;
-        c.dtype = DType::bf16, c.head_dim = d;
-        if (ragged) {
-          c.len_q = {77, 0, 1, 300, 129, 40};
-          c.len_k = {45, 3, 1, 700, 129, 600};
-          c.spare_q = 9, c.spare_k = 21;
-        } else {
-          c.len_q = {256, 256, 256, 256};
-          c.len_k = {640, 256, 512, 600};
-        }
+        VarlenCase c = layout_case(d, ragged);
         c.options.causal = causal;
         c.seed = seed++;
         SCOPED_TRACE(std::string(ragged ? "ragged" : "equal lengths") + (causal ? " causal" : ""));
