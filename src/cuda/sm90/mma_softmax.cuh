@@ -255,9 +255,9 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const uint32_t q_rows =
       static_cast<uint32_t>(__cvta_generic_to_shared(smem.q)) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
   constexpr uint32_t kQChunkBytes = uint32_t(kBlockM) * ptx::kSw128RowBytes;
-  // The K/V stage's address made warp-uniform (ptx::warp_uniform): the stage index is a loop-carried register the
-  // compiler does not prove uniform, so each wgmma's descriptor was built in vector registers and copied (R2UR)
-  // per k-step; one shuffle per tile step instead (perf-log F12).
+  // The K/V stage index made warp-uniform (ptx::warp_uniform): it is a loop-carried register the compiler does
+  // not prove uniform, so each wgmma's descriptor was built in vector registers and copied (R2UR) per k-step; one
+  // shuffle per stage address instead (perf-log F12).
   auto k_addr = [&](uint32_t stage) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(smem.k[ptx::warp_uniform(int(stage))]));
   };
