@@ -3,7 +3,8 @@
 // denominator once, here. One warp per query row. Nothing waits on one load at a time (each is a trip to DRAM,
 // and a row has up to 64 ranges): the lanes read the ranges' LSEs together (lane l: ranges l, l + 32, ...) and
 // join their merge states by shuffles; then each lane owns 4 columns (a float4 of every range's O, loads issued
-// 16 ranges ahead of their use) with the ranges' weights broadcast from the lane that read their LSE.
+// 16 ranges ahead of their use; the first 16 of the first column pass issued with the LSE loads, perf-log F13)
+// with the ranges' weights broadcast from the lane that read their LSE.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -44,6 +45,15 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) split_combine(const SplitCo
   const int lane = threadIdx.x % 32;
   const int64_t i = row % p.seqlen_q, h = row / p.seqlen_q % p.heads_q, b = row / (int64_t(p.seqlen_q) * p.heads_q);
 
+  // The first column pass's O of the first kLoadsAhead ranges, issued with the LSE loads below: they do not
+  // depend on the weights, so the row costs one memory trip before its adds, not one for the LSEs and one for O.
+  const int first_read_col = kColumnsPerLane * lane < p.head_dim ? kColumnsPerLane * lane : 0;
+  float4 first_o[kLoadsAhead];
+#pragma unroll
+  for (int j = 0; j < kLoadsAhead; ++j)
+    if (j < p.num_splits)
+      first_o[j] = *reinterpret_cast<const float4*>(p.o_partial + (j * rows + row) * p.head_dim + first_read_col);
+
   // The merged LSE: each lane merges its ranges, then the lanes' states join (butterfly: every lane ends with
   // all of them); the sink joins once, on lane 0's state.
   num::LseMerge<float> merge;
@@ -75,16 +85,25 @@ __global__ void __launch_bounds__(32 * kWarpsPerCta) split_combine(const SplitCo
                                                                            : -INFINITY;
       const float my_weight = merge.weight(my_lse);
       const int count = p.num_splits - s0 < 32 ? p.num_splits - s0 : 32;
-#pragma unroll kLoadsAhead
-      for (int j = 0; j < count; ++j) {
-        const float w = __shfl_sync(0xffffffffu, my_weight, j);
-        const float4 o = *reinterpret_cast<const float4*>(p.o_partial + ((s0 + j) * rows + row) * p.head_dim + read_col);
+      auto add = [&](float w, const float4& o) {
         if (w != 0.0f) {  // a select after the load (which stays ahead): an empty range adds nothing, whatever its O
           acc.x = fmaf(w, o.x, acc.x);
           acc.y = fmaf(w, o.y, acc.y);
           acc.z = fmaf(w, o.z, acc.z);
           acc.w = fmaf(w, o.w, acc.w);
         }
+      };
+      // The first pass's first kLoadsAhead ranges were loaded before the LSE merge.
+      const int loaded = col0 == 0 && s0 == 0 ? kLoadsAhead : 0;
+      if (loaded > 0) {
+#pragma unroll
+        for (int j = 0; j < kLoadsAhead; ++j)
+          if (j < count) add(__shfl_sync(0xffffffffu, my_weight, j), first_o[j]);
+      }
+#pragma unroll kLoadsAhead
+      for (int j = loaded; j < count; ++j) {
+        const float w = __shfl_sync(0xffffffffu, my_weight, j);
+        add(w, *reinterpret_cast<const float4*>(p.o_partial + ((s0 + j) * rows + row) * p.head_dim + read_col));
       }
     }
     if (mine) store_columns<Bf16>(out + col, acc, p.out_pairs_aligned);
