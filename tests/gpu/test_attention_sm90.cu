@@ -430,6 +430,21 @@ TEST(GpuAttentionSm90, PersistentWalkSmall) {
   expect_persistent_walk_matches_one_tile_per_cta(64, 1, 8, 4, 3300, 3000);
 }
 
+// A forward A/B switch set to a value other than 0 or 1: refused with Status::invalid_argument naming it.
+void expect_forward_refuses_env(const char* name, const char* value) {
+  auto q = HostTensor::make(DType::bf16, {1, 64, 2, 64});
+  q.fill_normal(1);
+  DeviceCopy dq(q, size_t(q.numel())), dout(q, size_t(q.numel()));
+  const EnvOverride bad(name, value);
+  try {
+    fa4::forward(dq.desc(), dq.desc(), dq.desc(), dout.desc(), nullptr);
+    ADD_FAILURE() << name << "=" << value << " was accepted";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::Status::invalid_argument) << e.what();
+    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+  }
+}
+
 // FA4_FWD_LPT_COUNTER=0: the causal order walked by the static snake (tile_order.hpp's snake_next) instead of the
 // tile counter; the same bits as one tile per CTA, every row and mask (the switch changes only the causal walk);
 // a value other than 0 or 1 is refused by name.
@@ -437,17 +452,19 @@ TEST(GpuAttentionSm90, StaticLptWalkMatchesOneTilePerCta) {
   REQUIRE_SM90();
   const EnvOverride snake("FA4_FWD_LPT_COUNTER", "0");
   expect_persistent_walk_matches_one_tile_per_cta(0, 2, 16, 4, 1200, 900);
-  auto q = HostTensor::make(DType::bf16, {1, 64, 2, 64});
-  q.fill_normal(1);
-  DeviceCopy dq(q, size_t(q.numel())), dout(q, size_t(q.numel()));
-  const EnvOverride bad("FA4_FWD_LPT_COUNTER", "2");
-  try {
-    fa4::forward(dq.desc(), dq.desc(), dq.desc(), dout.desc(), nullptr);
-    ADD_FAILURE() << "FA4_FWD_LPT_COUNTER=2 was accepted";
-  } catch (const fa4::Error& e) {
-    EXPECT_EQ(e.code(), fa4::Status::invalid_argument) << e.what();
-    EXPECT_NE(std::string(e.what()).find("FA4_FWD_LPT_COUNTER"), std::string::npos) << e.what();
-  }
+  expect_forward_refuses_env("FA4_FWD_LPT_COUNTER", "2");
+}
+
+// FA4_FWD_PROLOGUE_TURN=0: a work tile's first S issued outside the consumers' turns at the tensor core. The
+// turns stay balanced whatever the walk (one, two or three consumers; tiles of one K/V tile and of many; empty
+// ranges): the persistent walk under the switch gives the bits of one tile per CTA, every row and mask, and a
+// value other than 0 or 1 is refused by name.
+TEST(GpuAttentionSm90, PrologueOutsideTurnsMatchesOneTilePerCta) {
+  REQUIRE_SM90();
+  const EnvOverride outside("FA4_FWD_PROLOGUE_TURN", "0");
+  expect_persistent_walk_matches_one_tile_per_cta(0, 2, 16, 4, 1200, 900);
+  expect_persistent_walk_matches_one_tile_per_cta(0, 1, 8, 4, 100, 128);  // one K/V tile per work tile
+  expect_forward_refuses_env("FA4_FWD_PROLOGUE_TURN", "yes");
 }
 
 // What the kernel cannot read is refused with Status::unsupported naming the argument, before any launch.

@@ -280,14 +280,20 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
   return int32_t(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(pairs, 1)));
 }
 
-// The LPT order's tile counter (params.order.lpt), in stream-ordered memory: zeroed, used and freed in stream
-// order, so concurrent calls on other streams never share it, and CUDA-graph capture records it as
-// allocation/memset nodes. Nothing without LPT, nor with FA4_FWD_LPT_COUNTER=0 (an A/B switch, perf-log F11: the
-// static snake over the same order, scheduler.cuh, and no allocation or memset per call); read on every call that
-// launches, so a bad value is refused whatever the mask.
-void zero_tile_counter(const char* call, FwdParams& params, cudaStream_t stream,
-                       std::optional<StreamOrderedBuffer>& counter) {
+// The forward's A/B environment switches, read on every call that launches (so a bad value is refused whatever
+// the mask), before anything is allocated or recorded:
+//   FA4_FWD_LPT_COUNTER (default 1): the causal LPT order's tile counter; 0 walks the same order by the static
+//     snake (scheduler.cuh, perf-log F11), with no allocation or memset per call.
+//   FA4_FWD_PROLOGUE_TURN (default 1): a consumer's first S of a work tile waits for its turn at the tensor core;
+//     0 issues it outside the turns (FlashAttention-3's and -4's order, perf-log F14), so consumer 0 starts the
+//     next tile while the last consumer still runs this one's tail and epilogue.
+// Then the LPT order's tile counter (params.order.lpt), in stream-ordered memory: zeroed, used and freed in
+// stream order, so concurrent calls on other streams never share it, and CUDA-graph capture records it as
+// allocation/memset nodes. Nothing without LPT or with the snake.
+void apply_overrides_and_zero_tile_counter(const char* call, FwdParams& params, cudaStream_t stream,
+                                           std::optional<StreamOrderedBuffer>& counter) {
   const bool use_counter = env_switch(call, "FA4_FWD_LPT_COUNTER", true);
+  params.prologue_turn = env_switch(call, "FA4_FWD_PROLOGUE_TURN", true);
   if (!params.order.lpt || !use_counter) return;
   counter.emplace(call, sizeof(uint32_t), stream, "the 4-byte tile counter");
   params.tile_counter = static_cast<uint32_t*>(counter->get());
@@ -434,7 +440,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   std::optional<StreamOrderedBuffer> counter;
-  zero_tile_counter(call, params, cu_stream, counter);
+  apply_overrides_and_zero_tile_counter(call, params, cu_stream, counter);
 #if FA4_TRACE
   params.trace = trace::begin_launch(
       "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
@@ -556,7 +562,7 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   std::optional<StreamOrderedBuffer> counter;
-  zero_tile_counter(call, params, cu_stream, counter);  // may refuse FA4_FWD_LPT_COUNTER: before the trace begins
+  apply_overrides_and_zero_tile_counter(call, params, cu_stream, counter);  // may refuse: before the trace begins
 #if FA4_TRACE
   params.trace = trace::begin_launch("sm90 fwd varlen " + std::string(to_string(p.dtype)) + " d" +
                                          std::to_string(p.head_dim) + " (row " + std::to_string(row) + ")",

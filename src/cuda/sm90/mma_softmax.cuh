@@ -295,11 +295,13 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     S s;
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
     k_ring.consumer_wait(st.k);
-    turn.wait();
+    // FA4_FWD_PROLOGUE_TURN=0: outside the turns (every consumer then takes one turn per K/V tile, from the first
+    // steady step or the tail, so each barrier stays balanced).
+    if (p.prologue_turn) turn.wait();
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
     issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
     FA4_TRACE_RECORD(rec, trace::Kind::s_issue, range.begin);
-    turn.hand_over(false);
+    if (p.prologue_turn) turn.hand_over(false);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(s);
     FA4_TRACE_RECORD(rec, trace::Kind::s_done, range.begin);

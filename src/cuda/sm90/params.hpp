@@ -32,6 +32,9 @@ struct FwdParams {
   void* out = nullptr;
   int64_t out_stride_b = 0, out_stride_s = 0, out_stride_h = 0;
   bool out_pairs_aligned = true;  // base and strides even: a column pair is one aligned 32-bit store
+  // A work tile's first S waits for the consumer's turn at the tensor core (FA4_FWD_PROLOGUE_TURN, an A/B switch;
+  // false: issued outside the turns, perf-log F14).
+  bool prologue_turn = true;
   float* lse = nullptr;  // null: not requested
   int64_t lse_stride_b = 0, lse_stride_h = 0, lse_stride_s = 0;
   // Attention sinks: fp32 [heads_q] natural-log logits, one per query head (null: none). A sink joins every
