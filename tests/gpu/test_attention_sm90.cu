@@ -463,7 +463,9 @@ TEST(GpuAttentionSm90, PrologueOutsideTurnsMatchesOneTilePerCta) {
   REQUIRE_SM90();
   const EnvOverride outside("FA4_FWD_PROLOGUE_TURN", "0");
   expect_persistent_walk_matches_one_tile_per_cta(0, 2, 16, 4, 1200, 900);
-  expect_persistent_walk_matches_one_tile_per_cta(0, 1, 8, 4, 100, 128);  // one K/V tile per work tile
+  // 256 work tiles of one K/V tile each at every row (64 keys: at most every block_n), more than the SMs: each
+  // CTA walks several one-turn tiles in a row.
+  expect_persistent_walk_matches_one_tile_per_cta(0, 2, 128, 32, 100, 64);
   expect_forward_refuses_env("FA4_FWD_PROLOGUE_TURN", "yes");
 }
 

@@ -280,21 +280,28 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
   return int32_t(std::clamp<int64_t>(l2_bytes / 2 / kv_bytes, 1, std::max<int64_t>(pairs, 1)));
 }
 
-// The forward's A/B environment switches, read on every call that launches (so a bad value is refused whatever
-// the mask), before anything is allocated or recorded:
+// The forward's A/B environment switches, read at the start of every call that has rows to compute (so a bad value
+// is refused whatever the mask), before anything is allocated or recorded:
 //   FA4_FWD_LPT_COUNTER (default 1): the causal LPT order's tile counter; 0 walks the same order by the static
 //     snake (scheduler.cuh, perf-log F11), with no allocation or memset per call.
 //   FA4_FWD_PROLOGUE_TURN (default 1): a consumer's first S of a work tile waits for its turn at the tensor core;
 //     0 issues it outside the turns (FlashAttention-3's and -4's order, perf-log F14), so consumer 0 starts the
 //     next tile while the last consumer still runs this one's tail and epilogue.
-// Then the LPT order's tile counter (params.order.lpt), in stream-ordered memory: zeroed, used and freed in
-// stream order, so concurrent calls on other streams never share it, and CUDA-graph capture records it as
-// allocation/memset nodes. Nothing without LPT or with the snake.
-void apply_overrides_and_zero_tile_counter(const char* call, FwdParams& params, cudaStream_t stream,
-                                           std::optional<StreamOrderedBuffer>& counter) {
-  const bool use_counter = env_switch(call, "FA4_FWD_LPT_COUNTER", true);
-  params.prologue_turn = env_switch(call, "FA4_FWD_PROLOGUE_TURN", true);
-  if (!params.order.lpt || !use_counter) return;
+struct FwdSwitches {
+  bool lpt_counter = true;
+  bool prologue_turn = true;
+};
+FwdSwitches read_fwd_switches(const char* call) {
+  return {env_switch(call, "FA4_FWD_LPT_COUNTER", true), env_switch(call, "FA4_FWD_PROLOGUE_TURN", true)};
+}
+
+// The switches into the kernel parameters, and the LPT order's tile counter (params.order.lpt) in stream-ordered
+// memory: zeroed, used and freed in stream order, so concurrent calls on other streams never share it, and
+// CUDA-graph capture records it as allocation/memset nodes. No counter without LPT or with the snake.
+void apply_switches_and_zero_tile_counter(const char* call, const FwdSwitches& switches, FwdParams& params,
+                                          cudaStream_t stream, std::optional<StreamOrderedBuffer>& counter) {
+  params.prologue_turn = switches.prologue_turn;
+  if (!params.order.lpt || !switches.lpt_counter) return;
   counter.emplace(call, sizeof(uint32_t), stream, "the 4-byte tile counter");
   params.tile_counter = static_cast<uint32_t*>(counter->get());
   throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), stream),
@@ -330,6 +337,8 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     }
     return;
   }
+  const FwdSwitches switches = read_fwd_switches(call);  // before anything is allocated (a bad value is refused)
+
   const FwdPlan plan = plan_forward(p);
   const int row = plan.row;
   if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
@@ -440,7 +449,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   std::optional<StreamOrderedBuffer> counter;
-  apply_overrides_and_zero_tile_counter(call, params, cu_stream, counter);
+  apply_switches_and_zero_tile_counter(call, switches, params, cu_stream, counter);
 #if FA4_TRACE
   params.trace = trace::begin_launch(
       "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
@@ -497,6 +506,7 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
                     const Tensor* lse2, const Varlen& vl, Stream stream) {
   const char* call = "fa4::forward_varlen";
   if (vl.batch == 0 || vl.max_seqlen_q == 0 || p.heads_q == 0) return;  // no row of any sequence
+  const FwdSwitches switches = read_fwd_switches(call);  // before anything is allocated (a bad value is refused)
   const int row = fwd_varlen_row(int(p.head_dim));
   if (row < 0) throw Error(Status::internal, std::string(call) + ": no varlen row for head dim " + std::to_string(p.head_dim));
   const FwdTile& tile = kFwdTiles[row];
@@ -562,7 +572,7 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   std::optional<StreamOrderedBuffer> counter;
-  apply_overrides_and_zero_tile_counter(call, params, cu_stream, counter);  // may refuse: before the trace begins
+  apply_switches_and_zero_tile_counter(call, switches, params, cu_stream, counter);
 #if FA4_TRACE
   params.trace = trace::begin_launch("sm90 fwd varlen " + std::string(to_string(p.dtype)) + " d" +
                                          std::to_string(p.head_dim) + " (row " + std::to_string(row) + ")",

@@ -1,5 +1,6 @@
 // MMA + softmax + correction role of a consumer warpgroup (block_m / 64 per CTA, 64 query rows each, sharing
-// the K/V ring). Per visible K/V tile n the warpgroup, on its turn at the tensor core (TensorCoreTurn, round robin):
+// the K/V ring). Per visible K/V tile n the warpgroup, on its turn at the tensor core (TensorCoreTurn, round robin;
+// a work tile's first S without a turn under FA4_FWD_PROLOGUE_TURN=0):
 //   issues S = Q·Kₙᵀ (SS wgmma, both K-major) and O += P₍ₙ₋₁₎·V₍ₙ₋₁₎ (RS wgmma, P in registers, V MN-major),
 //   hands the turn to the next warpgroup,
 //   waits for S only (wgmma_wait_group<1>) and releases Kₙ,
