@@ -87,10 +87,9 @@ void forward_kvcache(const detail::Problem& p, const Tensor& q, const Tensor& k_
 std::vector<int32_t> read_device_ints(const char* call, const char* arg, const int32_t* data, int64_t n,
                                       int device_index, Stream stream);
 
-// The backward's A/B environment overrides (FA4_BWD_CLUSTER, FA4_BWD_DET_HELPER, FA4_BWD_DET_CHAINS,
-// FA4_BWD_DET_SLAB_RELEASE) for this call: throws, naming
-// the variable, on a value it cannot take (not a known value; the CTA pair with a variable-length batch), so
-// supports() answers what the call would do.
+// The backward's A/B environment overrides (every FA4_BWD_* variable, listed beside Overrides in bwd/launch.cu)
+// for this call: throws, naming the variable, on a value it cannot take (not a known value; the CTA pair with a
+// variable-length batch), so supports() answers what the call would do.
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen);
 
 // Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator (one copy per deterministic

@@ -245,7 +245,8 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   pp.block_m = tile.block_m;
   pp.turns_per_tile = bwd_consumer_warpgroups(tile);
   pp.deterministic = p.deterministic;
-  pp.det_store_first = p.deterministic && overrides.store_first;
+  const bool det_store_first = p.deterministic && overrides.store_first;  // the pre/postprocess and main kernel's
+  pp.det_store_first = det_store_first;
   pp.programmatic = overrides.pdl;
   pp.scale = p.scale;
   set_sinks(p, pp);
@@ -260,7 +261,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.pair_dq_exchange = pair.dq_exchange;
     params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
     params.det_slab_release = overrides.slab_release && !tile.column_split && p.deterministic;
-    params.det_store_first = overrides.store_first && p.deterministic;
+    params.det_store_first = det_store_first;
     params.release_per_warp = overrides.release_per_warp;
     params.dq_register_adds =
         overrides.dq_register_adds && !tile.column_split && !p.deterministic && !params.cluster_pair;

@@ -29,7 +29,8 @@ struct BwdWork {
   __device__ __forceinline__ int32_t q_row0() const { return 0; }
   __device__ __forceinline__ int32_t k_row0() const { return 0; }
   __device__ __forceinline__ int32_t tensor_batch() const { return batch; }
-  // The workspace row of query head h's row 0 (bwd_ws_row_base): the pair's padded rows.
+  // The workspace row of query head h's row 0: bwd_ws_row_base's dense case, written out so the dense kernels
+  // carry no test of rows_total (through the shared function ptxas spilled 8-16 B more at d = 256 and 192).
   template <int BlockM>
   __device__ __forceinline__ int64_t ws_row_base(const BwdParams& p, int32_t h) const {
     return (int64_t(batch) * p.heads_q + h) * p.ws.rows_padded;
