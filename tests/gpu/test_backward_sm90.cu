@@ -564,55 +564,28 @@ void check_cta_pair_cases(uint64_t seed) {
     }
 }
 
-// FA4_BWD_DQ_REGISTER_ADDS=1: the key-split rows' warpgroups add their dQ slabs from registers (no staging, no
-// writer) in the default mode. Every key-split row, the masks, GQA, tails; the column-split rows are unaffected
-// but checked under the switch too, and so is the CTA pair, which keeps its writer.
-TEST(GpuBackwardSm90, DqRegisterAddsMatchTheReference) {
+// FA4_BWD_DQ_REGISTER_ADDS: the key-split rows' warpgroups add their dQ slabs from registers (no staging, no
+// writer; the default at d = 128) or stage them for the writer's bulk reduce-add (the default at d = 64), each
+// forced on every key-split row: the masks, GQA, tails. The column-split rows are unaffected but checked under the
+// switch too, and so is the CTA pair, which keeps its writer.
+TEST(GpuBackwardSm90, DqRegisterAddsAndStagingMatchTheReference) {
   REQUIRE_SM90();
-  const EnvOverride on("FA4_BWD_DQ_REGISTER_ADDS", "1");
-  for (int d : {64, 128, 192, 256})
-    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
-      BwdCase c;
-      c.head_dim = d;
-      c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
-      c.options = options_for(m);
-      if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
-      c.seed = 8100 + uint64_t(d) + uint64_t(m);
-      check_backward_case(c);
-    }
-  check_cta_pair_cases(8200);  // the pair keeps its dQ exchange and writer (the switch does not apply): no hang
-}
-
-// FA4_BWD_RELEASE_PER_WARP=1: the consumers release each Q/dO/LSE/D stage with one arrival per warp. Every row
-// (key-split and column-split), the masks, GQA, two stages cycling many times (1100 keys, 333 queries, two heads
-// per kv head); deterministic mode's bits equal to the per-thread release's. Small enough for racecheck
-// (device-check's sanitizer filter can name it).
-TEST(GpuBackwardSm90, StagesReleasedPerWarp) {
-  REQUIRE_SM90();
-  for (int d : {64, 128, 192, 256})
-    for (MaskKind m : {MaskKind::none, MaskKind::causal}) {
-      BwdCase c;
-      c.head_dim = d;
-      c.batch = 1, c.seqlen_q = 333, c.seqlen_k = 700, c.heads_q = 4, c.heads_kv = 2;
-      c.options = options_for(m);
-      c.seed = 8300 + uint64_t(d) + uint64_t(m);
-      {
-        const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
+  for (const char* adds : {"1", "0"}) {
+    const EnvOverride on("FA4_BWD_DQ_REGISTER_ADDS", adds);
+    SCOPED_TRACE(std::string("FA4_BWD_DQ_REGISTER_ADDS=") + adds);
+    for (int d : {64, 128, 192, 256})
+      for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
+        if (d > 128 && adds[0] == '0') continue;  // column-split rows: the switch does not apply
+        BwdCase c;
+        c.head_dim = d;
+        c.batch = 2, c.seqlen_q = 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
+        c.options = options_for(m);
+        if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
+        c.seed = 8100 + uint64_t(d) + uint64_t(m) + (adds[0] == '0' ? 50u : 0u);
         check_backward_case(c);
       }
-      c.options.deterministic = true;
-      BwdResult per_thread;
-      {
-        const EnvOverride off("FA4_BWD_RELEASE_PER_WARP", "0");  // pinned: a caller's environment may set it
-        per_thread = run_backward_on_gpu(c, /*with_reference=*/false);
-      }
-      const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
-      const BwdResult per_warp = run_backward_on_gpu(c, /*with_reference=*/false);
-      EXPECT_TRUE(per_warp.dq_values == per_thread.dq_values) << c.name() << ": deterministic dQ differs";
-      EXPECT_TRUE(per_warp.dk_values == per_thread.dk_values) << c.name() << ": dK differs";
-    }
-  const EnvOverride on("FA4_BWD_RELEASE_PER_WARP", "1");
-  check_cta_pair_cases(8400);  // the stage's barrier also counts the peer's warps (one arrival per warp either way)
+    check_cta_pair_cases(adds[0] == '0' ? 8250 : 8200);  // the pair keeps its dQ exchange and writer: no hang
+  }
 }
 
 // What the backward cannot take is refused with a message naming the argument, before anything is written.
@@ -655,7 +628,7 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
   for (const char* name :
        {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST",
-        "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS", "FA4_BWD_RELEASE_PER_WARP"}) {
+        "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
     const EnvOverride bad(name, "3");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});

@@ -568,21 +568,25 @@ TEST(GpuVarlenSm90, BackwardDeterministicChains) {
       }
 }
 
-// FA4_BWD_DQ_REGISTER_ADDS=1 (the key-split warpgroups add their dQ slabs from registers) on variable-length
-// batches: both workspace layouts (ragged: the compact one), d = 64 and 128, causal and not.
-TEST(GpuVarlenSm90, BackwardDqRegisterAdds) {
+// FA4_BWD_DQ_REGISTER_ADDS forced each way (the key-split warpgroups add their dQ slabs from registers, or stage
+// them for the writer) on variable-length batches: both workspace layouts (ragged: the compact one), d = 64 and
+// 128, causal and not.
+TEST(GpuVarlenSm90, BackwardDqRegisterAddsAndStaging) {
   REQUIRE_SM90();
-  const EnvOverride on("FA4_BWD_DQ_REGISTER_ADDS", "1");
   uint64_t seed = 950;
-  for (int d : {64, 128})
-    for (bool ragged : {true, false})
-      for (bool causal : {false, true}) {
-        VarlenCase c = layout_case(d, ragged);
-        c.options.causal = causal;
-        c.seed = seed++;
-        SCOPED_TRACE(std::string(ragged ? "ragged" : "equal lengths") + (causal ? " causal" : ""));
-        check_varlen_backward(c);
-      }
+  for (const char* adds : {"1", "0"}) {
+    const EnvOverride on("FA4_BWD_DQ_REGISTER_ADDS", adds);
+    for (int d : {64, 128})
+      for (bool ragged : {true, false})
+        for (bool causal : {false, true}) {
+          VarlenCase c = layout_case(d, ragged);
+          c.options.causal = causal;
+          c.seed = seed++;
+          SCOPED_TRACE(std::string("FA4_BWD_DQ_REGISTER_ADDS=") + adds + (ragged ? " ragged" : " equal lengths") +
+                       (causal ? " causal" : ""));
+          check_varlen_backward(c);
+        }
+  }
 }
 
 TEST(GpuVarlenSm90, BackwardSequsedKGqaAndManySequences) {

@@ -45,13 +45,18 @@ struct BwdTile {
   // diagonal, and each copy more is one more to sum. d = 192 follows d = 256 (unmeasured).
   int det_chains = 1;
   int det_chains_masked = 1;
+  // Default mode, key-split rows without the CTA pair: each warpgroup adds its dQ slab from its registers
+  // (red.global.add.v4.f32) instead of staging it for the writer's bulk reduce-add (FA4_BWD_DQ_REGISTER_ADDS
+  // overrides). perf-log B20 (H100, 5bff966, 3 reps over two calls): d = 128 +3-4% at 2k and 8k, both masks (no
+  // staging writes: its row is bound by shared memory, docs/model.md); d = 64 level to -1.5%.
+  bool dq_register_adds = false;
 };
 
 inline constexpr BwdTile kBwdTiles[] = {
-    {64, 128, 128, 2, false, 4, 1},
-    {128, 64, 128, 2, false, 1, 1},
-    {192, 64, 64, 2, true, 4, 1},
-    {256, 64, 64, 2, true, 4, 1},
+    {64, 128, 128, 2, false, 4, 1, false},
+    {128, 64, 128, 2, false, 1, 1, true},
+    {192, 64, 64, 2, true, 4, 1, false},  // column-split rows add from registers in every mode
+    {256, 64, 64, 2, true, 4, 1, false},
 };
 inline constexpr int kBwdRows = int(sizeof(kBwdTiles) / sizeof(kBwdTiles[0]));
 

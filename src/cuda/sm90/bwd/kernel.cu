@@ -45,12 +45,10 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
   if (threadIdx.x == 0) {
     // K/V and each Q stage fill by TMA bytes after the producer's single arrival; a Q stage is free once every
     // consumer thread has released it (after the wgmma wait that ends the GEMMs' reads, and its own LSE₂/D reads),
-    // or every consumer warp with FA4_BWD_RELEASE_PER_WARP, and, with the CTA pair, every warp of the peer's
-    // consumers (its producer fills half of this CTA's stage).
+    // and, with the CTA pair, every warp of the peer's consumers (its producer fills half of this CTA's stage).
     constexpr uint32_t kConsumerThreads = kWarpgroupThreads * Config::kConsumerWarpgroups;
     cuda::Pipeline<1>::init(smem.kv_ring, 1, 1);
-    const uint32_t own_arrivals = p.release_per_warp ? kConsumerThreads / 32 : kConsumerThreads;
-    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, own_arrivals + (paired ? kConsumerThreads / 32 : 0u));
+    cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, kConsumerThreads + (paired ? kConsumerThreads / 32 : 0u));
     if constexpr (Config::kPairCapable)
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
         // every lane of the dQ writer warp, and of the two helper warps when the pair exchanges dQ halves

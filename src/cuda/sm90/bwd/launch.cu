@@ -89,11 +89,10 @@ int det_chains(const char* call, const detail::Problem& p) {
 //   FA4_BWD_DET_STORE_FIRST (default 1): the first adder of each chain stores its dQ slab instead of adding it, so
 //     the preprocess zeroes no accumulator copy (perf-log B15: deterministic d = 64 2k 0.80 -> 0.86 of the
 //     default, d = 128 0.84 -> 0.88, d = 256 level); 0: every copy zeroed and every slab added.
-//   FA4_BWD_DQ_REGISTER_ADDS (default 0, not measured yet: perf-log B20): key-split rows in the default mode
-//     without the CTA pair add each warpgroup's dQ slab from its registers (red.global.add.v4.f32) instead of
-//     staging it for the dQ writer's bulk reduce-add; deterministic mode and the pair keep the writer.
-//   FA4_BWD_RELEASE_PER_WARP (default 0, not measured yet: perf-log B21): the consumers release each Q/dO/LSE/D
-//     stage with one arrival per warp (lane 0 after __syncwarp, as the forward's rings) instead of one per thread.
+//   FA4_BWD_DQ_REGISTER_ADDS (default: the row's BwdTile::dq_register_adds, on at d = 128; perf-log B20): 1: key-split
+//     rows in the default mode without the CTA pair add each warpgroup's dQ slab from its registers
+//     (red.global.add.v4.f32) instead of staging it for the dQ writer's bulk reduce-add; 0: staged. Deterministic
+//     mode and the pair keep the writer.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
 //     set-up overlap its tail).
@@ -105,13 +104,11 @@ struct Overrides {
   bool store_first = true;
   bool pdl = false;
   bool dq_register_adds = false;
-  bool release_per_warp = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
   Overrides o{pair_mode(call, tile, p), env_switch(call, "FA4_BWD_DET_HELPER", true), det_chains(call, p),
               env_switch(call, "FA4_BWD_DET_SLAB_RELEASE", true), env_switch(call, "FA4_BWD_DET_STORE_FIRST", true),
-              env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", false),
-              env_switch(call, "FA4_BWD_RELEASE_PER_WARP", false)};
+              env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", tile.dq_register_adds)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
@@ -262,7 +259,6 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
     params.det_slab_release = overrides.slab_release && !tile.column_split && p.deterministic;
     params.det_store_first = det_store_first;
-    params.release_per_warp = overrides.release_per_warp;
     params.dq_register_adds =
         overrides.dq_register_adds && !tile.column_split && !p.deterministic && !params.cluster_pair;
     params.programmatic = overrides.pdl;

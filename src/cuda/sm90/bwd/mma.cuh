@@ -127,13 +127,9 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(ds_frag[kb]);
       // Every thread releases the stage itself (dK read Q until now): each has read LSE₂ and D with ordinary
       // loads, and racecheck pairs a read with the producer's next bulk copy only through the reading thread's
-      // own arrival (lane 0 releasing for its warp after a barrier was reported as a race). FA4_BWD_RELEASE_PER_WARP
-      // (an A/B switch, perf-log B21) releases per warp: the order holds (the reads, ds_ready or __syncwarp, the
-      // arrival's release, the producer's acquire, the copy), so a racecheck report there is the tool's limit.
-      if (p.release_per_warp)  // every lane's LSE₂/D reads precede ds_ready; its GEMMs' reads, the wait above
-        cuda::release_per_warp(q_ring, stage);
-      else
-        q_ring.consumer_release(stage);
+      // own arrival (lane 0 releasing for its warp after a barrier was reported as a race; perf-log B21 measured
+      // it again: 8 racecheck hazard groups per warp release, 5bff966).
+      q_ring.consumer_release(stage);
       if (Config::kPairCapable && !Work::kVarlen && p.cluster_pair) {  // the peer's producer wrote half: one per warp
         __syncwarp();
         if (threadIdx.x % 32 == 0) q_ring.consumer_release_peer(stage, ptx::cluster_ctarank() ^ 1u);

@@ -134,10 +134,7 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         ptx::wgmma_fence_operand(dv);
         ptx::wgmma_fence_operand(dk);
         FA4_TRACE_RECORD(rec, trace::Kind::pv_done, m_block);
-        if (p.release_per_warp)  // as mma.cuh: the LSE₂/D reads precede ds_ready, the GEMMs' reads the wait
-          cuda::release_per_warp(q_ring, stage);
-        else
-          q_ring.consumer_release(stage);  // every thread: its LSE₂/D reads and the GEMMs' Q/dO reads are done
+        q_ring.consumer_release(stage);  // every thread: its LSE₂/D reads and the GEMMs' Q/dO reads are done
         ++stage;
         buffer ^= 1;
         FA4_TRACE_RECORD(rec, trace::Kind::tile_end, m_block);

@@ -78,12 +78,9 @@ struct BwdParams {
   // preprocess zeroes no accumulator copy (the default, perf-log B15; FA4_BWD_DET_STORE_FIRST=0 is off; the
   // postprocess skips a copy whose turn counter stayed 0: no block of that chain visited the tile).
   bool det_store_first = false;
-  // The Q/dO/LSE/D stage released by one arrival per consumer warp (lane 0 after __syncwarp) instead of one per
-  // thread (FA4_BWD_RELEASE_PER_WARP, an A/B switch: perf-log B21; per-thread since B2, for racecheck).
-  bool release_per_warp = false;
   // Key-split rows outside deterministic mode and the CTA pair: each consumer warpgroup adds its dQ slab from its
   // registers (red.global.add.v4.f32, as the column-split rows do) instead of staging it for the dQ writer
-  // (FA4_BWD_DQ_REGISTER_ADDS, an A/B switch: perf-log B20).
+  // (FA4_BWD_DQ_REGISTER_ADDS; by default the row's BwdTile::dq_register_adds: perf-log B20).
   bool dq_register_adds = false;
   // The main kernel as a programmatic dependent launch of the kernel before it (FA4_BWD_PDL, an A/B switch: the
   // preprocess, or the sink gradient after it); also whether it triggers its own dependents (the postprocess).
