@@ -515,6 +515,38 @@ TEST(GpuBackwardSm90, DeterministicStoreFirstMatchesTheZeroedCopies) {
         }
 }
 
+// FA4_BWD_DET_TWO_BUFFERS: deterministic d = 128 stages each warpgroup's slabs in two buffers (one per dQ writer)
+// by default; the same bits as one buffer, right against the reference, repeatable, with one chain and two, every
+// mask, GQA, tails, and a walk of many tiles per CTA (both writers' buffers cycling).
+TEST(GpuBackwardSm90, DeterministicTwoBuffersMatchOne) {
+  REQUIRE_SM90();
+  for (const char* chains : {"1", "2"})
+    for (int shape = 0; shape < 4; ++shape) {
+      const MaskKind m = shape == 3 ? MaskKind::causal : static_cast<MaskKind>(shape);
+      const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+      BwdCase c;
+      c.head_dim = 128;
+      c.batch = 2, c.seqlen_q = shape == 3 ? 1000 : 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
+      c.options = options_for(m);
+      if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
+      c.options.deterministic = true;
+      c.seed = 8500 + uint64_t(shape);
+      SCOPED_TRACE(std::string("chains ") + chains + ", shape " + std::to_string(shape));
+      BwdResult one;
+      {
+        const EnvOverride off("FA4_BWD_DET_TWO_BUFFERS", "0");
+        one = run_backward_on_gpu(c, /*with_reference=*/false);
+      }
+      const EnvOverride on("FA4_BWD_DET_TWO_BUFFERS", "1");
+      check_backward_case(c);
+      const BwdResult two = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+      EXPECT_EQ(two.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+      EXPECT_TRUE(two.dq_values == one.dq_values) << c.name() << ": dQ differs from one buffer's";
+      EXPECT_TRUE(two.dk_values == one.dk_values) << c.name() << ": dK differs";
+      EXPECT_TRUE(two.dv_values == one.dv_values) << c.name() << ": dV differs";
+    }
+}
+
 // FA4_BWD_PDL=1: the main kernel and the postprocess launched as programmatic dependents of the kernel before each
 // (their set-up overlaps its tail; each waits for it before touching global memory): right, and in deterministic
 // mode the same bits as plain launches; every row kind, causal and not, GQA, tails.
@@ -628,7 +660,7 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
   for (const char* name :
        {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST",
-        "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
+        "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
     const EnvOverride bad(name, "3");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});

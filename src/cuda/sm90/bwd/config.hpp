@@ -50,11 +50,16 @@ struct BwdTile {
   // overrides). perf-log B20 (H100, 5bff966, 3 reps over two calls): d = 128 +3-4% at 2k and 8k, both masks (no
   // staging writes: its row is bound by shared memory, docs/model.md); d = 64 level to -1.5%.
   bool dq_register_adds = false;
+  // Deterministic mode without the CTA pair: each warpgroup stages its dQ slabs in two buffers, one per dQ writer
+  // (the tiles go to the writers in turn), so a writer waiting for a slab's turn holds only its own buffer and the
+  // warpgroup goes on staging the next tile's slab for the other writer (perf-log B23). The second buffers share
+  // their memory with the pair's dq_incoming; at d = 64 they do not fit (1 KiB over).
+  int det_staging_buffers = 1;
 };
 
 inline constexpr BwdTile kBwdTiles[] = {
-    {64, 128, 128, 2, false, 4, 1, false},
-    {128, 64, 128, 2, false, 1, 1, true},
+    {64, 128, 128, 2, false, 4, 1, false, 1},
+    {128, 64, 128, 2, false, 1, 1, true, 2},
     {192, 64, 64, 2, true, 4, 1, false},  // column-split rows add from registers in every mode
     {256, 64, 64, 2, true, 4, 1, false},
 };
@@ -201,6 +206,7 @@ struct BwdConfig {
   static constexpr bool kPairCapable = bwd_pair_capable(kTile);
   static constexpr bool kPairSplitsRows = bwd_pair_box_rows(kTile) != kBlockM;
   static constexpr uint32_t kDqHalfBytes = kDqStagingBytes / 2;
+  static constexpr int kDetStagingBuffers = kTile.det_staging_buffers;
 
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kBwdMaxConsumerWarpgroups,
                 "named barrier ids exist for up to two consumer warpgroups");
@@ -217,6 +223,8 @@ struct BwdConfig {
                 "a pair splits Q/dO tiles into two halves: by rows (one chunk) or by an even number of chunks");
   static_assert(!kPairCapable || (kDqHalfBytes % (32 * 16) == 0 && kDqUnitsPerWarpgroup == 1),
                 "a dQ half is whole 16-byte vectors of the writer warp, and half of one unit (contiguous in the workspace)");
+  static_assert(kDetStagingBuffers == 1 || (kDetStagingBuffers == kBwdMaxDqWriters && !kColumnSplit),
+                "a key-split row stages one buffer, or one per deterministic dQ writer");
   static_assert(kBlockM <= 256 && kBlockN <= 256, "TMA boxes have at most 256 rows; wgmma N at most 256");
   static_assert(kStages >= 2, "the ring needs two stages so loads overlap compute");
   static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumerWarpgroups * kConsumerRegisters) <= 65536,

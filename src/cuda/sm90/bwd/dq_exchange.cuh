@@ -32,12 +32,12 @@
 
 namespace fa4::sm90 {
 
-// Every lane of the warp arrives on warpgroup c's dq_empty after its own reads of the staging buffer (the
-// barrier counts 32, or kDqAdderThreads with the exchange).
+// Every lane of the warp arrives on warpgroup c's dq_empty of the buffer after its own reads of it (the barrier
+// counts 32, or kDqAdderThreads with the exchange).
 template <int Row>
-__device__ __forceinline__ void dq_hand_back(BwdSharedStorage<Row>& smem, int c) {
+__device__ __forceinline__ void dq_hand_back(BwdSharedStorage<Row>& smem, int c, int buffer = 0) {
   __syncwarp();
-  ptx::mbarrier_arrive(&smem.scratch.dq_empty[c]);
+  ptx::mbarrier_arrive(&smem.scratch.dq_empty[buffer][c]);
 }
 
 template <int Row>

@@ -114,35 +114,49 @@ __device__ __forceinline__ uint32_t dq_handoff_threads(const BwdParams& p) {
   return kWarpgroupThreads + (dq_exchanged(p) ? kDqAdderThreads : 32u);
 }
 
-// Consumer side of a key-split warpgroup's dQ: its fp32 slab of the tile goes to its staging buffer in the
-// accumulator order (float4 per register group and thread: contiguous, conflict-free), and the dQ writer warp
+// Staging buffers per warpgroup in this launch: the row's two in deterministic mode without the CTA pair
+// (p.det_two_buffers; buffer w for dQ writer w: the tiles go to the writers in turn), else one.
+template <class Config>
+__device__ __forceinline__ int dq_staging_buffers(const BwdParams& p) {
+  return Config::kDetStagingBuffers == 2 && p.det_two_buffers ? 2 : 1;
+}
+template <int Row>
+__device__ __forceinline__ float* dq_staging_buffer(BwdSharedStorage<Row>& smem, int buffer, int c) {
+  if constexpr (BwdConfig<Row>::kDetStagingBuffers == 1) return smem.scratch.dq_staging[c];
+  return buffer == 0 ? smem.scratch.dq_staging[c] : smem.scratch.dq_staging_second[c];
+}
+
+// Consumer side of a key-split warpgroup's dQ: its fp32 slab of the tile goes to a staging buffer in the
+// accumulator order (float4 per register group and thread: contiguous, conflict-free), and a dQ writer warp
 // (dq_writer.cuh) adds it to the workspace. dq_full (a named barrier of the warpgroup's 128 threads and the
 // writer's 32, or the pair's three adder warps; one per writer, the slabs going to the writers in turn) hands
-// the buffer over, dq_empty (an
-// mbarrier of the writer's 32 lanes, each arriving after its own reads: the CTA pair's writer reads the buffer
-// with ordinary loads) hands it back, so the warpgroup waits
-// only when the writer still holds the previous slab: in deterministic mode the wait for a turn overlaps a
-// whole tile of compute.
+// the buffer over, dq_empty (an mbarrier of the writer's 32 lanes, each arriving after its own reads: the CTA
+// pair's writer reads the buffer with ordinary loads) hands it back, so the warpgroup waits only when the writer
+// still holds that buffer's previous slab. With one buffer, a deterministic writer waiting for a turn held it and
+// with it the warpgroup's next tile (perf-log B12); with one per writer (dq_staging_buffers) the warpgroup stages
+// for the other writer meanwhile.
 template <int Row>
 class DqStager {
  public:
   using Config = BwdConfig<Row>;
-  __device__ DqStager(BwdSharedStorage<Row>& smem, int consumer)
+  __device__ DqStager(BwdSharedStorage<Row>& smem, const BwdParams& p, int consumer)
       : staging_(smem.scratch.dq_staging[consumer]),
-        empty_(&smem.scratch.dq_empty[consumer]),
-        full_(dq_full_barrier(consumer, 0)) {}
+        second_(dq_staging_buffer(smem, 1, consumer)),
+        empty_(&smem.scratch.dq_empty[0][consumer]),
+        full_(dq_full_barrier(consumer, 0)),
+        two_buffers_(dq_staging_buffers<Config>(p) == 2) {}
 
-  // p: with two writers (deterministic mode) the slabs go to them in turn.
+  // p: with two writers (deterministic mode) the slabs go to them in turn, and with two buffers buffer w is
+  // writer w's.
   __device__ void stage(const BwdParams& p, const ptx::WgmmaAccumulator<Config::kDqN>& dq) {
     const int thread = threadIdx.x % kWarpgroupThreads;
-    wait_for_buffer();  // the writer has read the previous slab
-    first_ = false;
+    float* const staging = take_buffer();  // the writer has read that buffer's previous slab
     // With det_store_first the slab may be stored, not added: staged as a reduce into zeroed memory would leave it.
     // One loop per case (a select per value cost 64 FADD + SEL per slab in the default mode too).
     auto write = [&](auto value) {
 #pragma unroll
       for (int g = 0; g < Config::kDqN / 8; ++g)
-        *reinterpret_cast<float4*>(staging_ + (g * kWarpgroupThreads + thread) * 4) =
+        *reinterpret_cast<float4*>(staging + (g * kWarpgroupThreads + thread) * 4) =
             make_float4(value(dq.reg[4 * g]), value(dq.reg[4 * g + 1]), value(dq.reg[4 * g + 2]),
                         value(dq.reg[4 * g + 3]));
     };
@@ -160,21 +174,34 @@ class DqStager {
     if (dq_writers(p) == 2) full_ ^= uint32_t(kBwdMaxConsumerWarpgroups);
   }
 
-  // After the walk: takes the writer's last hand-back, so every arrival on dq_empty has its wait.
-  __device__ void finish() { wait_for_buffer(); }
+  // After the walk: takes the writers' last hand-backs, so every arrival on dq_empty has its wait.
+  __device__ void finish() {
+    take_buffer();
+    if (two_buffers_) take_buffer();
+  }
 
  private:
-  __device__ void wait_for_buffer() {
-    if (first_) return;
-    ptx::mbarrier_wait_parity(empty_, empty_phase_.phase);
-    ++empty_phase_;
+  // Waits until the next buffer is free and returns it. Both states start as a producer's (parity 1): a buffer's
+  // first use passes at once.
+  __device__ float* take_buffer() {
+    if (two_buffers_) {
+      const int buffer = int(ring_.index);
+      ptx::mbarrier_wait_parity(empty_ + buffer * Config::kConsumerWarpgroups, ring_.phase);
+      ++ring_;
+      return buffer == 0 ? staging_ : second_;
+    }
+    ptx::mbarrier_wait_parity(empty_, single_.phase);
+    ++single_;
+    return staging_;
   }
 
   float* staging_;
-  uint64_t* empty_;  // one barrier for every writer: a slab is handed back before the next is staged
+  float* second_;  // the second writer's buffer (two_buffers_)
+  uint64_t* empty_;  // dq_empty[0][consumer]; buffer b's is kConsumerWarpgroups · b further
   uint32_t full_;  // the dq_full barrier of the writer that takes the next slab
-  cuda::PipelineState<1> empty_phase_ = cuda::consumer_start_state<1>();  // one hand-back per staged slab
-  bool first_ = true;
+  bool two_buffers_;
+  cuda::PipelineState<2> ring_ = cuda::producer_start_state<2>();    // two buffers: buffer = ring_.index
+  cuda::PipelineState<1> single_ = cuda::producer_start_state<1>();  // one buffer
 };
 
 // Deterministic column-split rows with p.det_turn_helpers (the default; FA4_BWD_DET_HELPER=0 is off): one helper

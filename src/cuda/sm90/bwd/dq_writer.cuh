@@ -49,7 +49,10 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
     ptx::named_barrier_sync(dq_full_barrier(c, writer), kHandoffThreads);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
   };
-  auto hand_back = [&](int c) { dq_hand_back(smem, c); };
+  // Deterministic mode without the pair on rows with two staging buffers: this writer's own (dq_stager's order).
+  const int buffer = dq_staging_buffers<Config>(p) == 2 ? writer : 0;
+  auto staging = [&](int c) { return dq_staging_buffer(smem, buffer, c); };
+  auto hand_back = [&](int c) { dq_hand_back(smem, c, buffer); };
   // The CTA pair's dQ exchange (dq_exchange.cuh): this warp takes the slabs and issues every bulk operation;
   // the producer warpgroup's idle warps help with the adds (bwd_dq_adder_role).
   const bool exchange_dq = dq_exchanged(p);
@@ -73,7 +76,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
         for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
           take_slab(c);
           if (leader) {
-            ptx::bulk_reduce_add(slab_of(row_base, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+            ptx::bulk_reduce_add(slab_of(row_base, m_block, c), staging(c), Config::kDqStagingBytes);
             ptx::tma_store_commit();
             FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
             ptx::tma_store_wait_read<0>();  // the staging buffer is read; the adds complete in the background
@@ -96,9 +99,9 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
           FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
           ptx::fence_proxy_async_global();  // the acquire above, before the async-proxy add below
           if (p.det_store_first && turn == 0)  // the chain's first slab of the tile: nothing to add it to
-            ptx::bulk_store(slab_of(row_base, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+            ptx::bulk_store(slab_of(row_base, m_block, c), staging(c), Config::kDqStagingBytes);
           else
-            ptx::bulk_reduce_add(slab_of(row_base, m_block, c), smem.scratch.dq_staging[c], Config::kDqStagingBytes);
+            ptx::bulk_reduce_add(slab_of(row_base, m_block, c), staging(c), Config::kDqStagingBytes);
           ptx::tma_store_commit();
           FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
         }

@@ -52,7 +52,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     if constexpr (Config::kPairCapable)
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
         // every lane of the dQ writer warp, and of the two helper warps when the pair exchanges dQ halves
-        ptx::mbarrier_init(&smem.scratch.dq_empty[c], paired && p.pair_dq_exchange ? kDqAdderThreads : 32u);
+        ptx::mbarrier_init(&smem.scratch.dq_empty[0][c], paired && p.pair_dq_exchange ? kDqAdderThreads : 32u);
+        if constexpr (Config::kDetStagingBuffers == 2) ptx::mbarrier_init(&smem.scratch.dq_empty[1][c], 32u);
         ptx::mbarrier_init(&smem.scratch.dq_incoming_full[c], 1);  // this CTA's arrival + the peer's bytes
         ptx::mbarrier_init(&smem.scratch.dq_pushed_consumed[c], 1);  // the peer's arrival
       }

@@ -71,7 +71,7 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
   kv_ring.consumer_wait(cuda::consumer_start_state<1>());
   const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
   auto stage = cuda::consumer_start_state<Config::kStages>();
-  DqStager<Row> dq_stager(smem, consumer);
+  DqStager<Row> dq_stager(smem, p, consumer);
   int ds_buffer = 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t row_base = work.template ws_row_base<BlockM>(p, h);  // the head's dQ accumulator rows

@@ -78,6 +78,9 @@ struct BwdParams {
   // preprocess zeroes no accumulator copy (the default, perf-log B15; FA4_BWD_DET_STORE_FIRST=0 is off; the
   // postprocess skips a copy whose turn counter stayed 0: no block of that chain visited the tile).
   bool det_store_first = false;
+  // Deterministic mode without the pair, rows with BwdTile::det_staging_buffers = 2: each warpgroup stages in two
+  // buffers, one per dQ writer (FA4_BWD_DET_TWO_BUFFERS, on by default: perf-log B23).
+  bool det_two_buffers = false;
   // Key-split rows outside deterministic mode and the CTA pair: each consumer warpgroup adds its dQ slab from its
   // registers (red.global.add.v4.f32, as the column-split rows do) instead of staging it for the dQ writer
   // (FA4_BWD_DQ_REGISTER_ADDS; by default the row's BwdTile::dq_register_adds: perf-log B20).

@@ -18,11 +18,18 @@ namespace fa4::sm90 {
 // rows: both warpgroups read all of it as dV's A operand), double-buffered like dSᵀ.
 // With the CTA pair, dq_incoming receives the half of each slab that this CTA adds for both (the peer's bulk
 // copy completes dq_incoming_full); dq_pushed_consumed tells that the peer has added the half pushed to it.
+// Deterministic mode without the pair, on rows with two staging buffers: dq_staging_second (in dq_incoming's
+// memory) is the second dQ writer's buffer (dq_staging_buffer).
 template <class Config>
 struct DqStaging {
+  static constexpr int kSecondFloats = Config::kDetStagingBuffers == 2 ? Config::kDqStagingBytes / 4 : 4;
   alignas(16) float dq_staging[Config::kConsumerWarpgroups][Config::kDqStagingBytes / 4];
-  alignas(8) uint64_t dq_empty[Config::kConsumerWarpgroups];  // the writer has read the slab (32 lane arrivals)
-  alignas(16) float dq_incoming[Config::kConsumerWarpgroups][Config::kDqHalfBytes / 4];
+  // [buffer][warpgroup]: the writer has read the slab (32 lane arrivals)
+  alignas(8) uint64_t dq_empty[Config::kDetStagingBuffers][Config::kConsumerWarpgroups];
+  union {
+    alignas(16) float dq_incoming[Config::kConsumerWarpgroups][Config::kDqHalfBytes / 4];
+    alignas(16) float dq_staging_second[Config::kConsumerWarpgroups][kSecondFloats];
+  };
   alignas(8) uint64_t dq_incoming_full[Config::kConsumerWarpgroups];
   alignas(8) uint64_t dq_pushed_consumed[Config::kConsumerWarpgroups];
 };
