@@ -596,6 +596,45 @@ void check_cta_pair_cases(uint64_t seed) {
     }
 }
 
+// FA4_BWD_DET_REGISTER_ADDS=1: deterministic key-split rows add their dQ slabs from registers in their turns
+// (helper warps pass them) instead of staging them for the writers: right, repeatable, and the same bits as the
+// writers' bulk adds (the same fp32 additions in the same order), with store-first and zeroed copies, one chain
+// and several, every mask, GQA, tails.
+TEST(GpuBackwardSm90, DeterministicRegisterAddsMatchTheWriters) {
+  REQUIRE_SM90();
+  for (int d : {64, 128})
+    for (const char* chains : {"1", "4"})
+      for (const char* store_first : {"1", "0"})
+        for (int shape = 0; shape < 4; ++shape) {
+          const MaskKind m = shape == 3 ? MaskKind::causal : static_cast<MaskKind>(shape);
+          const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+          const EnvOverride first("FA4_BWD_DET_STORE_FIRST", store_first);
+          BwdCase c;
+          c.head_dim = d;
+          c.batch = 2, c.seqlen_q = shape == 3 ? 1000 : 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
+          c.options = options_for(m);
+          if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
+          c.options.deterministic = true;
+          c.seed = 8600 + uint64_t(d) + uint64_t(shape);
+          SCOPED_TRACE(std::string("chains ") + chains + ", store-first " + store_first + ", shape " +
+                       std::to_string(shape));
+          BwdResult writers;
+          {
+            const EnvOverride off("FA4_BWD_DET_REGISTER_ADDS", "0");
+            writers = run_backward_on_gpu(c, /*with_reference=*/false);
+          }
+          const EnvOverride on("FA4_BWD_DET_REGISTER_ADDS", "1");
+          if (std::string(store_first) == "1") check_backward_case(c);
+          const BwdResult adds = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+          EXPECT_EQ(adds.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+          EXPECT_TRUE(adds.dq_values == writers.dq_values) << c.name() << ": dQ differs from the writers'";
+          EXPECT_TRUE(adds.dk_values == writers.dk_values) << c.name() << ": dK differs";
+          EXPECT_TRUE(adds.dv_values == writers.dv_values) << c.name() << ": dV differs";
+        }
+  const EnvOverride on("FA4_BWD_DET_REGISTER_ADDS", "1");
+  check_cta_pair_cases(8700);  // the pair keeps its writer (the switch does not apply): no hang
+}
+
 // FA4_BWD_DQ_REGISTER_ADDS: the key-split rows' warpgroups add their dQ slabs from registers (no staging, no
 // writer; the default at d = 128) or stage them for the writer's bulk reduce-add (the default at d = 64), each
 // forced on every key-split row: the masks, GQA, tails. The column-split rows are unaffected but checked under the
@@ -660,7 +699,7 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
   for (const char* name :
        {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST",
-        "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
+        "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_DET_REGISTER_ADDS", "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
     const EnvOverride bad(name, "3");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});

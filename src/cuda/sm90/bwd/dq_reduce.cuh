@@ -204,8 +204,9 @@ class DqStager {
   cuda::PipelineState<1> single_ = cuda::producer_start_state<1>();  // one buffer
 };
 
-// Deterministic column-split rows with p.det_turn_helpers (the default; FA4_BWD_DET_HELPER=0 is off): one helper
-// warp per consumer warpgroup (producer warps kTurnHelperWarp + c) runs the turn protocol beside its walk.
+// Deterministic rows with p.det_turn_helpers (column-split rows by default, FA4_BWD_DET_HELPER=0 is off; key-split
+// rows with p.det_register_adds): one helper warp per consumer warpgroup (producer warps kTurnHelperWarp + c) runs
+// the turn protocol beside its walk.
 inline constexpr int kTurnHelperWarp = 2;
 static_assert(kTurnHelperWarp + kBwdMaxConsumerWarpgroups <= 4, "the turn helpers are warps of the producer warpgroup");
 __device__ __forceinline__ uint32_t turn_granted_barrier(int consumer) {
@@ -224,7 +225,6 @@ __device__ __forceinline__ uint32_t adds_issued_barrier(int consumer) {
 template <int Row, class Work>
 __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, const Work& work, int consumer) {
   using Config = BwdConfig<Row>;
-  static_assert(Config::kColumnSplit, "key-split rows pass turns in their dQ writer warps");
   if (work.empty() || !p.det_turn_helpers) return;
   const bool lane0 = threadIdx.x % 32 == 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
@@ -243,6 +243,26 @@ __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, cons
       __syncwarp();
     }
   }
+}
+
+// A key-split warpgroup's dQ slab added from its registers (red.global.add.v4.f32 into the slab's accumulator
+// units, 512 contiguous bytes per warp instruction): in the default mode at once (p.dq_register_adds); in
+// deterministic mode (p.det_register_adds) in its turn, which its helper warp waited for and publishes after the
+// adds_issued barrier (bwd_dq_turn_helper_role), the chain's first slab stored (p.det_store_first).
+template <class Config, class Work>
+__device__ __forceinline__ void key_split_register_add(const BwdParams& p, const Work& work,
+                                                       const ptx::WgmmaAccumulator<Config::kDqN>& dq,
+                                                       int64_t row_base, int32_t m_block, int consumer) {
+  const int thread = threadIdx.x % kWarpgroupThreads;
+  if (!p.deterministic) {
+    write_accumulator_units(key_split_slab_unit<Config>(p, 0, row_base, m_block, consumer) + thread * 4, dq);
+    return;
+  }
+  const bool store = p.det_store_first && dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block) == 0;
+  float* const units = key_split_slab_unit<Config>(p, dq_chain_of(p, work), row_base, m_block, consumer) + thread * 4;
+  ptx::named_barrier_sync(turn_granted_barrier(consumer), kWarpgroupThreads + 32);
+  write_accumulator_units(units, dq, store);
+  ptx::named_barrier_arrive(adds_issued_barrier(consumer), kWarpgroupThreads + 32);
 }
 
 // dQ accumulation of a column-split warpgroup (its 64 queries × its head-dim chunks, straight from the

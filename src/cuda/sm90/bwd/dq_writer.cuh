@@ -37,7 +37,8 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   static_assert(!Config::kColumnSplit, "column-split rows add dQ from registers");
   // The slabs this warp takes alone (the pair's exchange takes them with its helpers: DqPairExchange::tile).
   constexpr uint32_t kHandoffThreads = kWarpgroupThreads + 32;
-  if (work.empty() || p.dq_register_adds) return;  // with register adds the consumers add their slabs themselves
+  // With register adds the consumers add their slabs themselves.
+  if (work.empty() || p.dq_register_adds || p.det_register_adds) return;
   const bool leader = ptx::elect_one_sync();
   trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceDqWriter, leader && writer == 0);  // writer 0's events only
   // The accumulator unit of warpgroup c's slab of query tile m_block.

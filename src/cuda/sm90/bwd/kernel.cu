@@ -82,10 +82,11 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
         bwd_dq_writer_role<Row>(p, smem, work, warp - kDqWriterWarp);
       if constexpr (kPairCapable)
         if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, work, warp - kDqWriterWarp);
-    } else {
-      if (warp >= kTurnHelperWarp && warp < kTurnHelperWarp + Config::kConsumerWarpgroups)
-        bwd_dq_turn_helper_role<Row>(p, work, warp - kTurnHelperWarp);
     }
+    // Deterministic turn helpers (p.det_turn_helpers; on key-split rows only with register adds, and then warp 2's
+    // writer role has returned at once).
+    if (warp >= kTurnHelperWarp && warp < kTurnHelperWarp + Config::kConsumerWarpgroups)
+      bwd_dq_turn_helper_role<Row>(p, work, warp - kTurnHelperWarp);
     if (paired) ptx::cluster_sync();  // see below
     return;
   }

@@ -96,6 +96,9 @@ int det_chains(const char* call, const detail::Problem& p) {
 //   FA4_BWD_DET_TWO_BUFFERS (default 1): deterministic key-split rows with two staging buffers per warpgroup in
 //     their tile (BwdTile::det_staging_buffers: d = 128) stage in both, one per dQ writer, without the CTA pair
 //     (perf-log B23); 0: one buffer, as the other rows.
+//   FA4_BWD_DET_REGISTER_ADDS (default 0, not measured yet: perf-log B24): deterministic key-split rows without the
+//     CTA pair add each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers),
+//     instead of staging it for the dQ writers.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
 //     set-up overlap its tail).
@@ -106,13 +109,14 @@ struct Overrides {
   bool slab_release = true;
   bool store_first = true;
   bool two_buffers = true;
+  bool det_register_adds = false;
   bool pdl = false;
   bool dq_register_adds = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
   Overrides o{pair_mode(call, tile, p), env_switch(call, "FA4_BWD_DET_HELPER", true), det_chains(call, p),
               env_switch(call, "FA4_BWD_DET_SLAB_RELEASE", true), env_switch(call, "FA4_BWD_DET_STORE_FIRST", true),
-              env_switch(call, "FA4_BWD_DET_TWO_BUFFERS", true),
+              env_switch(call, "FA4_BWD_DET_TWO_BUFFERS", true), env_switch(call, "FA4_BWD_DET_REGISTER_ADDS", false),
               env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", tile.dq_register_adds)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
@@ -261,7 +265,12 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     BwdParams params;
     params.cluster_pair = pair.pair;
     params.pair_dq_exchange = pair.dq_exchange;
-    params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
+    params.det_register_adds =
+        overrides.det_register_adds && !tile.column_split && p.deterministic && !pair.pair;
+    // Column-split rows: helpers unless FA4_BWD_DET_HELPER=0; key-split rows: with their register adds (which
+    // have no inline turn variant).
+    params.det_turn_helpers =
+        p.deterministic && (tile.column_split ? overrides.turn_helpers : params.det_register_adds);
     params.det_slab_release = overrides.slab_release && !tile.column_split && p.deterministic;
     params.det_store_first = det_store_first;
     params.det_two_buffers =

@@ -115,8 +115,8 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
-      if (p.dq_register_adds)  // FA4_BWD_DQ_REGISTER_ADDS (default mode): red.global.add.v4 from the registers
-        write_accumulator_units(key_split_slab_unit<Config>(p, 0, row_base, m_block, consumer) + thread * 4, dq);
+      if (p.dq_register_adds || p.det_register_adds)  // red.global.add.v4 from the registers (turn: the helper's)
+        key_split_register_add<Config>(p, work, dq, row_base, m_block, consumer);
       else
         dq_stager.stage(p, dq);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_buffer);
