@@ -37,11 +37,7 @@
 #define FA4_AB_REGS 0
 #endif
 // A/B candidate (off by default): the d = 256 row without tensor-core turns (its consumers issue GEMMs freely).
-#ifndef FA4_AB_D128_STAGES
-// A/B candidate (issue 11, the gap reading's first experiment): the d = 128 two-consumer row's K/V ring depth;
-// 3 fills 224 KiB (O then staged in Q's rows, kSeparateOStaging), 2 is the measured default.
-#define FA4_AB_D128_STAGES 2
-#endif
+// (The d = 128 row's K/V ring at 3 stages, O staged in Q's rows, measured level with 2: perf-log F10-F14 outcome.)
 #ifndef FA4_AB_D256_NO_TURNS
 #define FA4_AB_D256_NO_TURNS 0
 #endif
@@ -60,7 +56,7 @@ inline constexpr FwdTile kFwdTiles[] = {
     {64, 128, 128, 3, 1024},
     {64, 192, 112, 3, 0},
     {128, 64, 128, 3, 64},
-    {128, 128, 128, FA4_AB_D128_STAGES, 0},
+    {128, 128, 128, 2, 0},
     {192, 128, 96, 2, 0},
     {256, 128, 64, 2, 0},
 };

@@ -29,10 +29,6 @@ namespace fa4::sm90 {
 // both its K and V loads: read after the stage is free, they put a dependent global load on the issue path of
 // every tile (paged decode b = 8 s_k = 16k: 80% -> 94% of copy bandwidth, perf-log F9).
 
-#ifndef FA4_AB_K_AHEAD
-#define FA4_AB_K_AHEAD 0
-#endif
-
 // The page of each kv_box_rows box of K/V tile n_block that holds keys of the tile's sequence, read together (one
 // memory latency, not one per box). Nothing for a contiguous cache or a packed batch.
 template <int BlockN>
@@ -180,11 +176,6 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block, stage);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::v);
     };
-    // A/B candidate (FA4_AB_K_AHEAD, off by default; dense instances only, the paged loads share one tile's pages
-    // between its K and V): K(n + 1) issued before V(n), V's ring one step behind K's (FA3's and FA4's order), so
-    // S = Q·K(n + 1) can start while V(n) is still in flight. Flat in F1 (one rep, before the interior body).
-    constexpr bool kKAhead = FA4_AB_K_AHEAD && !Varlen;
-    static_assert(!kKAhead || Config::kStages >= 2, "K(n + 1) needs a free K stage while V(n) still holds one");
     auto load_q = [&] {
       q_ring.producer_acquire(q_stage);
       q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
@@ -194,21 +185,6 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
       ++q_stage;
     };
-    if constexpr (kKAhead) {
-      auto v_stage = kv_stage;  // the rings step alike over a tile: both states end equal
-      load_k(range.begin, kv_stage);
-      ++kv_stage;
-      load_q();
-      for (int32_t n_block = range.begin; n_block < range.end; ++n_block, ++v_stage) {
-        if (n_block + 1 < range.end) {
-          load_k(n_block + 1, kv_stage);
-          ++kv_stage;
-        }
-        load_v(n_block, v_stage);
-      }
-      continue;
-    }
-
     load_k(range.begin, kv_stage);
     load_q();
     load_v(range.begin, kv_stage);
