@@ -545,6 +545,17 @@ TEST(GpuBackwardSm90, DeterministicTwoBuffersMatchOne) {
       EXPECT_TRUE(two.dk_values == one.dk_values) << c.name() << ": dK differs";
       EXPECT_TRUE(two.dv_values == one.dv_values) << c.name() << ": dV differs";
     }
+  // One head per kv head: a CTA stages 1 or 3 slabs (buffer 1 never used; an odd last stage), right and repeatable.
+  for (int seqlen_q : {64, 150}) {
+    BwdCase c;
+    c.head_dim = 128;
+    c.batch = 2, c.seqlen_q = seqlen_q, c.seqlen_k = 700, c.heads_q = 2, c.heads_kv = 2;
+    c.options.deterministic = true;
+    c.seed = 8550 + uint64_t(seqlen_q);
+    SCOPED_TRACE("one head per kv head, seqlen_q " + std::to_string(seqlen_q));
+    check_backward_case(c);
+    EXPECT_EQ(run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3).repeats_differing, 0) << c.name();
+  }
 }
 
 // FA4_BWD_PDL=1: the main kernel and the postprocess launched as programmatic dependents of the kernel before each
@@ -631,8 +642,6 @@ TEST(GpuBackwardSm90, DeterministicRegisterAddsMatchTheWriters) {
           EXPECT_TRUE(adds.dk_values == writers.dk_values) << c.name() << ": dK differs";
           EXPECT_TRUE(adds.dv_values == writers.dv_values) << c.name() << ": dV differs";
         }
-  const EnvOverride on("FA4_BWD_DET_REGISTER_ADDS", "1");
-  check_cta_pair_cases(8700);  // the pair keeps its writer (the switch does not apply): no hang
 }
 
 // FA4_BWD_DQ_REGISTER_ADDS: the key-split rows' warpgroups add their dQ slabs from registers (no staging, no

@@ -568,6 +568,27 @@ TEST(GpuVarlenSm90, BackwardDeterministicChains) {
       }
 }
 
+// FA4_BWD_DET_REGISTER_ADDS=1 (deterministic key-split warpgroups add their dQ slabs from registers in their turns,
+// helper warps passing them) on variable-length batches: both layouts, d = 64 and 128, chains 1 and 4, causal and
+// not, store-first on and off.
+TEST(GpuVarlenSm90, BackwardDeterministicRegisterAdds) {
+  REQUIRE_SM90();
+  const EnvOverride on("FA4_BWD_DET_REGISTER_ADDS", "1");
+  uint64_t seed = 980;
+  for (const char* chains : {"1", "4"})
+    for (int d : {64, 128})
+      for (bool ragged : {true, false}) {
+        const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+        const EnvOverride first_stores("FA4_BWD_DET_STORE_FIRST", ragged ? "1" : "0");
+        VarlenCase c = layout_case(d, ragged);
+        c.options.deterministic = true;
+        c.options.causal = (seed % 2) == 0;
+        c.seed = seed++;
+        SCOPED_TRACE(std::string("FA4_BWD_DET_CHAINS=") + chains + (ragged ? " ragged" : " equal lengths"));
+        check_varlen_backward(c);
+      }
+}
+
 // FA4_BWD_DQ_REGISTER_ADDS forced each way (the key-split warpgroups add their dQ slabs from registers, or stage
 // them for the writer) on variable-length batches: both workspace layouts (ragged: the compact one), d = 64 and
 // 128, causal and not.

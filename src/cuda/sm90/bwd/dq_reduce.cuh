@@ -118,7 +118,8 @@ __device__ __forceinline__ uint32_t dq_handoff_threads(const BwdParams& p) {
 // (p.det_two_buffers; buffer w for dQ writer w: the tiles go to the writers in turn), else one.
 template <class Config>
 __device__ __forceinline__ int dq_staging_buffers(const BwdParams& p) {
-  return Config::kDetStagingBuffers == 2 && p.det_two_buffers ? 2 : 1;
+  // Deterministic mode is tested here too: the second buffers share memory with the pair's dq_incoming.
+  return Config::kDetStagingBuffers == 2 && p.det_two_buffers && p.deterministic && !p.cluster_pair ? 2 : 1;
 }
 template <int Row>
 __device__ __forceinline__ float* dq_staging_buffer(BwdSharedStorage<Row>& smem, int buffer, int c) {
@@ -204,8 +205,8 @@ class DqStager {
   cuda::PipelineState<1> single_ = cuda::producer_start_state<1>();  // one buffer
 };
 
-// Deterministic rows with p.det_turn_helpers (column-split rows by default, FA4_BWD_DET_HELPER=0 is off; key-split
-// rows with p.det_register_adds): one helper warp per consumer warpgroup (producer warps kTurnHelperWarp + c) runs
+// Deterministic column-split rows with p.det_turn_helpers (the default; FA4_BWD_DET_HELPER=0 is off) and key-split
+// rows with p.det_register_adds: one helper warp per consumer warpgroup (producer warps kTurnHelperWarp + c) runs
 // the turn protocol beside its walk.
 inline constexpr int kTurnHelperWarp = 2;
 static_assert(kTurnHelperWarp + kBwdMaxConsumerWarpgroups <= 4, "the turn helpers are warps of the producer warpgroup");
@@ -225,7 +226,8 @@ __device__ __forceinline__ uint32_t adds_issued_barrier(int consumer) {
 template <int Row, class Work>
 __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, const Work& work, int consumer) {
   using Config = BwdConfig<Row>;
-  if (work.empty() || !p.det_turn_helpers) return;
+  // Column-split rows: p.det_turn_helpers; key-split rows: their register adds have no inline turn variant.
+  if (work.empty() || !(Config::kColumnSplit ? p.det_turn_helpers : p.det_register_adds)) return;
   const bool lane0 = threadIdx.x % 32 == 0;
   for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
     const int64_t row_base = work.template ws_row_base<Config::kBlockM>(p, h);

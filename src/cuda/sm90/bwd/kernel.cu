@@ -83,8 +83,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
       if constexpr (kPairCapable)
         if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, work, warp - kDqWriterWarp);
     }
-    // Deterministic turn helpers (p.det_turn_helpers; on key-split rows only with register adds, and then warp 2's
-    // writer role has returned at once).
+    // Deterministic turn helpers (column-split rows: p.det_turn_helpers; key-split rows: p.det_register_adds, and
+    // then warp 2's writer role has returned at once).
     if (warp >= kTurnHelperWarp && warp < kTurnHelperWarp + Config::kConsumerWarpgroups)
       bwd_dq_turn_helper_role<Row>(p, work, warp - kTurnHelperWarp);
     if (paired) ptx::cluster_sync();  // see below

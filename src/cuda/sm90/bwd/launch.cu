@@ -97,8 +97,8 @@ int det_chains(const char* call, const detail::Problem& p) {
 //     their tile (BwdTile::det_staging_buffers: d = 128) stage in both, one per dQ writer, without the CTA pair
 //     (perf-log B23); 0: one buffer, as the other rows.
 //   FA4_BWD_DET_REGISTER_ADDS (default 0, not measured yet: perf-log B24): deterministic key-split rows without the
-//     CTA pair add each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers),
-//     instead of staging it for the dQ writers.
+//     CTA pair add each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers,
+//     always on there: FA4_BWD_DET_HELPER applies to the column-split rows), instead of staging it for the writers.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
 //     set-up overlap its tail).
@@ -265,16 +265,15 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     BwdParams params;
     params.cluster_pair = pair.pair;
     params.pair_dq_exchange = pair.dq_exchange;
+    // (The pair never runs deterministic, pair_mode refuses it; the conditions on it say what each path needs.)
     params.det_register_adds =
         overrides.det_register_adds && !tile.column_split && p.deterministic && !pair.pair;
-    // Column-split rows: helpers unless FA4_BWD_DET_HELPER=0; key-split rows: with their register adds (which
-    // have no inline turn variant).
-    params.det_turn_helpers =
-        p.deterministic && (tile.column_split ? overrides.turn_helpers : params.det_register_adds);
-    params.det_slab_release = overrides.slab_release && !tile.column_split && p.deterministic;
+    params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
+    params.det_slab_release =  // a writer's (none with register adds)
+        overrides.slab_release && !tile.column_split && p.deterministic && !params.det_register_adds;
     params.det_store_first = det_store_first;
-    params.det_two_buffers =
-        overrides.two_buffers && tile.det_staging_buffers == 2 && p.deterministic && !params.cluster_pair;
+    params.det_two_buffers = overrides.two_buffers && tile.det_staging_buffers == 2 && p.deterministic &&
+                             !params.cluster_pair && !params.det_register_adds;
     params.dq_register_adds =
         overrides.dq_register_adds && !tile.column_split && !p.deterministic && !params.cluster_pair;
     params.programmatic = overrides.pdl;

@@ -68,8 +68,8 @@ struct BwdParams {
   num::ScoreTransform score;  // raw q·k -> log2 units (scale, softcap)
   float scale = 1.0f;         // softmax scale: dK = scale · Σ dSᵀ·Q (dQ's is applied by the postprocess)
   bool deterministic = false; // dQ slabs added in key-block order (ws.dq_turn), bitwise reproducible
-  // Deterministic column-split rows (the default, FA4_BWD_DET_HELPER=0 turns it off) and key-split rows with
-  // det_register_adds: helper warps wait for and pass the turns (dq_reduce.cuh).
+  // Set only for deterministic column-split rows: helper warps pass the turns (dq_reduce.cuh; the default,
+  // FA4_BWD_DET_HELPER=0 turns it off). Key-split rows have helpers with det_register_adds alone.
   bool det_turn_helpers = false;
   // Deterministic key-split rows: the dQ writer passes each slab's turn once that slab's add is performed, not
   // after the tile's last (the default; FA4_BWD_DET_SLAB_RELEASE=0 is off; perf-log B14).
@@ -82,8 +82,8 @@ struct BwdParams {
   // buffers, one per dQ writer (FA4_BWD_DET_TWO_BUFFERS, on by default: perf-log B23).
   bool det_two_buffers = false;
   // Deterministic mode, key-split rows without the pair: each warpgroup adds its dQ slab from its registers in its
-  // turn, the turn waited for and passed on by a helper warp per warpgroup (as the column-split rows; sets
-  // det_turn_helpers), no staging and no writer (FA4_BWD_DET_REGISTER_ADDS, an A/B switch: perf-log B24).
+  // turn, the turn waited for and passed on by a helper warp per warpgroup (as the column-split rows), no staging
+  // and no writer (FA4_BWD_DET_REGISTER_ADDS, an A/B switch: perf-log B24).
   bool det_register_adds = false;
   // Key-split rows outside deterministic mode and the CTA pair: each consumer warpgroup adds its dQ slab from its
   // registers (red.global.add.v4.f32, as the column-split rows do) instead of staging it for the dQ writer
