@@ -70,23 +70,3 @@ TEST(TileOrder, StaticKeepsAHeadsQueryBlocksTogether) {
   }
 }
 
-// The static snake (FA4_FWD_LPT_COUNTER=0): the CTAs' walks together visit every linear tile exactly once, and a
-// CTA's pair of consecutive rounds takes positions c and grid - 1 - c (so, over a stretch of descending cost, each
-// pair sums to about the same).
-TEST(TileOrder, SnakeWalksCoverEveryTileOnce) {
-  for (int32_t grid : {1, 2, 7, 132})
-    for (int32_t tiles : {1, 5, 131, 132, 133, 1000, 2048}) {
-      std::vector<int> visits(size_t(tiles), 0);
-      for (int32_t c = 0; c < grid; ++c) {
-        int32_t previous = -1;
-        for (int32_t n = c; n < tiles; n = fa4::sm90::snake_next(n, c, grid)) {
-          ASSERT_GT(n, previous) << "grid " << grid << " CTA " << c;
-          previous = n;
-          ++visits[size_t(n)];
-          const int32_t round = n / grid, position = n % grid;
-          EXPECT_EQ(position, round % 2 == 0 ? c : grid - 1 - c) << "grid " << grid << " tile " << n;
-        }
-      }
-      for (int32_t n = 0; n < tiles; ++n) EXPECT_EQ(visits[size_t(n)], 1) << "grid " << grid << " tile " << n;
-    }
-}

@@ -445,16 +445,6 @@ void expect_forward_refuses_env(const char* name, const char* value) {
   }
 }
 
-// FA4_FWD_LPT_COUNTER=0: the causal order walked by the static snake (tile_order.hpp's snake_next) instead of the
-// tile counter; the same bits as one tile per CTA, every row and mask (the switch changes only the causal walk);
-// a value other than 0 or 1 is refused by name.
-TEST(GpuAttentionSm90, StaticLptWalkMatchesOneTilePerCta) {
-  REQUIRE_SM90();
-  const EnvOverride snake("FA4_FWD_LPT_COUNTER", "0");
-  expect_persistent_walk_matches_one_tile_per_cta(0, 2, 16, 4, 1200, 900);
-  expect_forward_refuses_env("FA4_FWD_LPT_COUNTER", "2");
-}
-
 // FA4_FWD_PROLOGUE_TURN=0: a work tile's first S issued outside the consumers' turns at the tensor core. The
 // turns stay balanced whatever the walk (one, two or three consumers; tiles of one K/V tile and of many; empty
 // ranges): the persistent walk under the switch gives the bits of one tile per CTA, every row and mask, and a

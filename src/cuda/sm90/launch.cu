@@ -282,26 +282,21 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 
 // The forward's A/B environment switches, read at the start of every call that has rows to compute (so a bad value
 // is refused whatever the mask), before anything is allocated or recorded:
-//   FA4_FWD_LPT_COUNTER (default 1): the causal LPT order's tile counter; 0 walks the same order by the static
-//     snake (scheduler.cuh, perf-log F11), with no allocation or memset per call.
 //   FA4_FWD_PROLOGUE_TURN (default 1): a consumer's first S of a work tile waits for its turn at the tensor core;
 //     0 issues it outside the turns (FlashAttention-3's and -4's order, perf-log F14), so consumer 0 starts the
 //     next tile while the last consumer still runs this one's tail and epilogue.
 struct FwdSwitches {
-  bool lpt_counter = true;
   bool prologue_turn = true;
 };
-FwdSwitches read_fwd_switches(const char* call) {
-  return {env_switch(call, "FA4_FWD_LPT_COUNTER", true), env_switch(call, "FA4_FWD_PROLOGUE_TURN", true)};
-}
+FwdSwitches read_fwd_switches(const char* call) { return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true)}; }
 
 // The switches into the kernel parameters, and the LPT order's tile counter (params.order.lpt) in stream-ordered
 // memory: zeroed, used and freed in stream order, so concurrent calls on other streams never share it, and
-// CUDA-graph capture records it as allocation/memset nodes. No counter without LPT or with the snake.
+// CUDA-graph capture records it as allocation/memset nodes. No counter without LPT.
 void apply_switches_and_zero_tile_counter(const char* call, const FwdSwitches& switches, FwdParams& params,
                                           cudaStream_t stream, std::optional<StreamOrderedBuffer>& counter) {
   params.prologue_turn = switches.prologue_turn;
-  if (!params.order.lpt || !switches.lpt_counter) return;
+  if (!params.order.lpt) return;
   counter.emplace(call, sizeof(uint32_t), stream, "the 4-byte tile counter");
   params.tile_counter = static_cast<uint32_t*>(counter->get());
   throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), stream),

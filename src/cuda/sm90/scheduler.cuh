@@ -2,8 +2,8 @@
 // and walks tiles in a linear order:
 //   non-causal: static, CTA c takes c, c + grid, c + 2·grid, ... of the static order (tile_order.hpp);
 //   causal:     dynamic longest-first (LPT): CTA c starts at tile c of the LPT order, and a CTA that finishes
-//               takes the next tile from a global counter, so the short tiles fill the tail (or, with
-//               FA4_FWD_LPT_COUNTER=0, the static snake over the same order: tile_order.hpp's snake_next).
+//               takes the next tile from a global counter, so the short tiles fill the tail (a static snake
+//               over the same order, without the counter's per-call memset, lost 8-18% at 2k-8k: perf-log F11).
 // The producer warp picks the next tile and publishes it to the consumers through a shared-memory ring
 // (kernel_fwd.cu), so every role of a CTA works on the same tile.
 #pragma once
@@ -23,8 +23,6 @@ class TileScheduler {
   __device__ int32_t first() const { return int32_t(blockIdx.x); }
   __device__ int32_t next(int32_t current) const {
     if (!p_.order.lpt) return current + int32_t(gridDim.x);
-    // Without a counter (FA4_FWD_LPT_COUNTER=0): the static snake over the same order.
-    if (p_.tile_counter == nullptr) return snake_next(current, int32_t(blockIdx.x), int32_t(gridDim.x));
     // Every CTA's first tile is its blockIdx; the counter hands out the rest in order.
     return int32_t(gridDim.x) + int32_t(atomicAdd(p_.tile_counter, 1u));
   }

@@ -60,13 +60,4 @@ struct TileOrder {
   }
 };
 
-// The static alternative to the LPT order's tile counter (FA4_FWD_LPT_COUNTER=0, perf-log F11): CTA c of `grid`
-// walks the order in rounds of `grid` tiles, taking position c of the even rounds and grid - 1 - c of the odd ones
-// (a snake), so in a stretch of descending cost each CTA's pair of rounds sums to about the same; no counter to
-// allocate and zero per call. The next linear index after `current` (CTA c's), num_tiles or more when done.
-FA4_HD int32_t snake_next(int32_t current, int32_t c, int32_t grid) {
-  const int32_t round = current / grid + 1;
-  return round * grid + ((round & 1) != 0 ? grid - 1 - c : c);
-}
-
 }  // namespace fa4::sm90
