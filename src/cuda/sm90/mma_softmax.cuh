@@ -141,17 +141,21 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
     for (int i = 0; i < BlockN / 2; ++i) s.reg[i] = p.score(s.reg[i]);
   }
   if (!Interior && masked) {  // masked elements (and keys past seqlen_k) to -inf, in either form
-    int64_t key_begin[2], key_end[2];
+    // Per row half, the row's visible keys as offsets from this thread's first column (clamped to [-1, BlockN]:
+    // the offsets reg_col_in_pair_block(i) lie in [0, BlockN)), so each element costs two 32-bit compares
+    // against a constant instead of a 64-bit key and two 64-bit compares (as the backward's masked body).
+    const int64_t base = key0 + col_base;
+    auto clamp = [](int64_t x) { return int32_t(x < -1 ? -1 : (x > BlockN ? BlockN : x)); };
+    int32_t lo[2], hi[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      key_begin[h] = mask.key_begin(row[h]);
-      key_end[h] = mask.key_end(row[h]);
+      lo[h] = clamp(mask.key_begin(row[h]) - base);
+      hi[h] = clamp(mask.key_end(row[h]) - base);
     }
 #pragma unroll
     for (int i = 0; i < BlockN / 2; ++i) {
-      const int h = reg_row_half(i);
-      const int64_t key = key0 + col_base + reg_col_in_pair_block(i);
-      if (!(key >= key_begin[h] && key < key_end[h])) s.reg[i] = -INFINITY;
+      const int h = reg_row_half(i), col = reg_col_in_pair_block(i);
+      if (!(col >= lo[h] && col < hi[h])) s.reg[i] = -INFINITY;
     }
   }
   float block_max[2] = {-INFINITY, -INFINITY};
