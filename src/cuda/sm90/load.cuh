@@ -76,10 +76,12 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
   };
   // The pages of the boxes that hold keys, read together (one memory latency, not one per box), unless given.
   TilePages<BlockN> pages;  // a copy, not a reference chosen at run time: that would put both in memory
-  if (pages_read != nullptr)
-    pages = *pages_read;
-  else if (paged)
-    pages.read(p, batch, key0, valid);
+  if (paged) {
+    if (pages_read != nullptr)
+      pages = *pages_read;
+    else
+      pages.read(p, batch, key0, valid);
+  }
   // Key `key` of the sequence (in a box that holds keys): its row and outer (batch or page) coordinates.
   auto at = [&](int box, int32_t key, auto&& load) {
     if (paged)
