@@ -85,6 +85,8 @@ struct TileConfig {
   double rescale_frequency = 1.0;  // forward: fraction of steps that rescale O (FA4 conditional rescale ~0.1)
   bool mask_every_step = false;    // backward: causal mask applied to every step, not only the diagonal ones
                                    // (FA3 separates the masking iterations only for hdim <= 64, fa3.md §4.5)
+  bool dq_from_registers = false;  // Hopper backward, one CTA: dQ partials added from registers (red.global.add)
+                                   // instead of staged in SMEM for a bulk reduce-add (fa4's d = 128 row, B20)
 };
 
 // The tile configuration the reference kernels use (FA3 tables on Hopper, FA4 on Blackwell) with the

@@ -153,6 +153,11 @@ TileCost tile_cost(const Hardware& hw, const TileConfig& t) {
     // incoming half written (3 half tiles). The split is our reading; the total is the paper's 384 cycles.
     c.smem_exchange_bytes = ctas == 2 ? 3 * score_elements * elem / 2 : 0;
     c.smem_dq_bytes = 2 * (M / ctas) * d * fp32;  // dQ partial written to SMEM, read by the bulk reduce-add
+    if (t.dq_from_registers) {
+      if (tmem || t.cluster == 2)
+        throw std::invalid_argument("tile_cost: dq_from_registers models the one-CTA Hopper backward");
+      c.smem_dq_bytes = 0;  // the same L2 bytes, as reds from the accumulator registers
+    }
     if (t.cluster == 2) {
       // Each CTA of the pair sums half of the two partials: the peer's half arrives by DSMEM (written here, read
       // once), its own half of the sum is staged and read by the reduce-add; its other half leaves from

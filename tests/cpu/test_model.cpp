@@ -139,6 +139,25 @@ TEST(ModelTile, HopperBackwardDqOperandsPerUnit) {
   EXPECT_EQ(m::tile_cost(h200, t).bound, m::Resource::mma);
 }
 
+// fa4's d = 128 backward adds dQ from registers (perf-log B20): no SMEM staging bytes, and the 64×128 step that
+// was shared-memory-bound by 5% becomes tensor-core-bound.
+TEST(ModelTile, HopperBackwardDqFromRegistersDropsTheStaging) {
+  m::TileConfig t;
+  t.pass = m::Pass::bwd;
+  t.m = 64;
+  t.n = 128;
+  const m::Hardware& h200 = m::hardware(m::Gpu::h200);
+  const m::TileCost staged = m::tile_cost(h200, t);
+  t.dq_from_registers = true;
+  const m::TileCost adds = m::tile_cost(h200, t);
+  EXPECT_EQ(staged.smem_dq_bytes, 2 * 64 * 128 * 4);
+  EXPECT_EQ(adds.smem_dq_bytes, 0);
+  EXPECT_EQ(staged.bound, m::Resource::smem);
+  EXPECT_EQ(adds.bound, m::Resource::mma);
+  t.cluster = 2;
+  EXPECT_THROW(m::tile_cost(h200, t), std::invalid_argument);
+}
+
 TEST(ModelTile, RejectsInvalidConfigurations) {
   m::TileConfig t;
   t.ctas = 2;

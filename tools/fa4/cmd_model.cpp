@@ -28,6 +28,7 @@ struct ModelOptions {
   int seqlen = 4096;
   bool causal = false;
   bool lpt = false;
+  bool dq_from_registers = false;
   std::optional<double> emulated_fraction, rescale_frequency;
   std::optional<std::string> schedule;
   bool json = false;
@@ -60,6 +61,13 @@ m::TileConfig tile_for(m::Gpu gpu, const ModelOptions& o) {
       throw CLI::ValidationError("--cluster", fmt::format("a cluster pair models the Hopper backward (--pass bwd on "
                                                           "h100, h200), not {} {}", m::name(gpu), o.pass));
     t.cluster = *o.cluster;
+  }
+  if (o.dq_from_registers) {
+    if (pass != m::Pass::bwd || m::hardware(gpu).two_cta_mma || t.cluster == 2)
+      throw CLI::ValidationError("--dq-from-registers", fmt::format("models the one-CTA Hopper backward (--pass bwd on "
+                                                                    "h100, h200, no --cluster 2), not {} {}",
+                                                                    m::name(gpu), o.pass));
+    t.dq_from_registers = true;
   }
   if (o.emulated_fraction) t.emulated_fraction = *o.emulated_fraction;
   if (o.rescale_frequency) t.rescale_frequency = *o.rescale_frequency;
@@ -108,7 +116,7 @@ json to_json(const Evaluated& e) {
         {"tmem_kib", sourced(hw.tmem_kib)}}},
       {"tile",
        {{"pass", m::name(t.pass)}, {"dtype", m::name(t.dtype)}, {"m", t.m}, {"n", t.n}, {"d", t.d}, {"ctas", t.ctas}, {"cluster", t.cluster},
-        {"p_in_smem", t.p_in_smem}, {"q_tiles_per_cta", t.q_tiles_per_cta},
+        {"p_in_smem", t.p_in_smem}, {"dq_from_registers", t.dq_from_registers}, {"q_tiles_per_cta", t.q_tiles_per_cta},
         {"emulated_fraction", t.emulated_fraction}, {"rescale_frequency", t.rescale_frequency}}},
       {"schedule", m::name(schedule)},
       {"cycles", {{"mma", c.mma_cycles}, {"mufu", c.mufu_cycles}, {"alu", c.alu_cycles}, {"smem", c.smem_cycles}}},
@@ -238,6 +246,8 @@ void add_model_command(CLI::App& app) {
   cmd->add_option("--cluster", o->cluster,
                   "1 or 2 (Hopper backward: a cluster pair sharing Q/dO by multicast, dQ summed through DSMEM)")
       ->check(CLI::IsMember({1, 2}));
+  cmd->add_flag("--dq-from-registers", o->dq_from_registers,
+               "Hopper backward: dQ partials added from registers, no SMEM staging (fa4's d = 128 row)");
   cmd->add_option("--schedule", o->schedule, "pingpong or serial (default: the reference kernel's)")
       ->check(CLI::IsMember({"pingpong", "serial"}));
   cmd->add_flag("--lpt", o->lpt, "longest-processing-time-first tile order");
