@@ -16,6 +16,7 @@
 
 #include "api/device_info.hpp"
 #include "fa4/fa4.hpp"
+#include "testing/env.hpp"
 #include "testing/tensors.hpp"
 #include "testing/tolerance.hpp"
 
@@ -159,25 +160,6 @@ void for_each_sweep_case(fa4::DType dtype, int head_dim, const Shape (&shapes)[N
     }
 }
 
-// Sets an environment variable (a kernel's A/B override: the library reads them at every call) for a scope, or
-// unsets it (value null), then restores it.
-class EnvOverride {
- public:
-  EnvOverride(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) saved_ = old;
-    if (value != nullptr) setenv(name, value, 1);
-    else unsetenv(name);
-  }
-  ~EnvOverride() {
-    if (saved_) setenv(name_, saved_->c_str(), 1);
-    else unsetenv(name_);
-  }
-  EnvOverride(const EnvOverride&) = delete;
-  EnvOverride& operator=(const EnvOverride&) = delete;
-
- private:
-  const char* name_;
-  std::optional<std::string> saved_;
-};
+using fa4::testing::EnvOverride;  // testing/env.hpp
 
 }  // namespace

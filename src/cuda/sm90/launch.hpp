@@ -92,6 +92,21 @@ std::vector<int32_t> read_device_ints(const char* call, const char* arg, const i
 // variable-length batch), so supports() answers what the call would do.
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen);
 
+// The paths the backward's main kernel takes for a call, as its tile row, the problem and the FA4_BWD_* overrides
+// decide them (the launch sets its kernel flags from this, so a test can check that a switch reaches the kernel);
+// a bad override throws as the call would.
+struct BackwardPaths {
+  bool cluster_pair = false;       // FA4_BWD_CLUSTER
+  bool dq_register_adds = false;   // default mode: dQ slabs added from registers (key-split rows)
+  bool det_register_adds = false;  // deterministic key-split rows: from registers in turn (helper warps)
+  bool det_turn_helpers = false;   // deterministic column-split rows: helper warps pass the turns
+  bool det_slab_release = false;   // deterministic key-split writers pass each slab's turn on its own
+  bool det_store_first = false;    // deterministic: each chain's first slab stored
+  bool det_two_buffers = false;    // deterministic key-split rows: a staging buffer per dQ writer
+  int det_chains = 1;              // turn chains (1 outside deterministic mode)
+};
+BackwardPaths backward_paths(const detail::Problem& p, bool varlen);
+
 // Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator (one copy per deterministic
 // turn chain), LSE·log2e, D; a variable-length problem (p.varlen) in the compact layout of its packed rows).
 size_t backward_workspace_bytes(const detail::Problem& p);

@@ -125,6 +125,22 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
   return o;
 }
 
+// The main kernel's paths from the overrides, the row and the problem (the one place they are derived).
+BackwardPaths paths_of(const Overrides& o, const BwdTile& tile, const detail::Problem& p) {
+  BackwardPaths b;
+  // (The pair never runs deterministic, pair_mode refuses it; the conditions on it say what each path needs.)
+  b.cluster_pair = o.pair.pair;
+  b.dq_register_adds = o.dq_register_adds && !tile.column_split && !p.deterministic && !o.pair.pair;
+  b.det_register_adds = o.det_register_adds && !tile.column_split && p.deterministic && !o.pair.pair;
+  b.det_turn_helpers = o.turn_helpers && tile.column_split && p.deterministic;
+  b.det_slab_release = o.slab_release && !tile.column_split && p.deterministic && !b.det_register_adds;  // writers'
+  b.det_store_first = p.deterministic && o.store_first;
+  b.det_two_buffers =
+      o.two_buffers && tile.det_staging_buffers == 2 && p.deterministic && !o.pair.pair && !b.det_register_adds;
+  b.det_chains = o.chains;
+  return b;
+}
+
 BwdWorkspaceLayout layout_of(const detail::Problem& p, int chains) {
   return bwd_workspace_layout(bwd_row(int(p.head_dim)), p.batch, p.heads_q, p.seqlen_q, chains,
                               p.varlen ? p.varlen_total_q : -1);
@@ -148,6 +164,14 @@ size_t backward_workspace_bytes(const detail::Problem& p) {
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen) {
   const int row = bwd_row(int(p.head_dim));
   if (row >= 0) read_overrides(call, kBwdTiles[row], p, varlen);
+}
+
+BackwardPaths backward_paths(const detail::Problem& p, bool varlen) {
+  const char* call = "fa4::sm90::backward_paths";
+  const int row = bwd_row(int(p.head_dim));
+  if (row < 0)
+    throw Error(Status::unsupported, std::string(call) + ": no backward tile row for head dim " + std::to_string(p.head_dim));
+  return paths_of(read_overrides(call, kBwdTiles[row], p, varlen), kBwdTiles[row], p);
 }
 
 namespace {
@@ -251,8 +275,8 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   pp.block_m = tile.block_m;
   pp.turns_per_tile = bwd_consumer_warpgroups(tile);
   pp.deterministic = p.deterministic;
-  const bool det_store_first = p.deterministic && overrides.store_first;  // the pre/postprocess and main kernel's
-  pp.det_store_first = det_store_first;
+  const BackwardPaths paths = paths_of(overrides, tile, p);
+  pp.det_store_first = paths.det_store_first;  // the pre/postprocess's and the main kernel's
   pp.programmatic = overrides.pdl;
   pp.scale = p.scale;
   set_sinks(p, pp);
@@ -263,19 +287,14 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
 
   if (p.seqlen_k > 0) {
     BwdParams params;
-    params.cluster_pair = pair.pair;
+    params.cluster_pair = paths.cluster_pair;
     params.pair_dq_exchange = pair.dq_exchange;
-    // (The pair never runs deterministic, pair_mode refuses it; the conditions on it say what each path needs.)
-    params.det_register_adds =
-        overrides.det_register_adds && !tile.column_split && p.deterministic && !pair.pair;
-    params.det_turn_helpers = overrides.turn_helpers && tile.column_split && p.deterministic;
-    params.det_slab_release =  // a writer's (none with register adds)
-        overrides.slab_release && !tile.column_split && p.deterministic && !params.det_register_adds;
-    params.det_store_first = det_store_first;
-    params.det_two_buffers = overrides.two_buffers && tile.det_staging_buffers == 2 && p.deterministic &&
-                             !params.cluster_pair && !params.det_register_adds;
-    params.dq_register_adds =
-        overrides.dq_register_adds && !tile.column_split && !p.deterministic && !params.cluster_pair;
+    params.det_register_adds = paths.det_register_adds;
+    params.det_turn_helpers = paths.det_turn_helpers;
+    params.det_slab_release = paths.det_slab_release;
+    params.det_store_first = paths.det_store_first;
+    params.det_two_buffers = paths.det_two_buffers;
+    params.dq_register_adds = paths.dq_register_adds;
     params.programmatic = overrides.pdl;
     if (p.seqlen_q > 0) {  // else no query tile is ever loaded (and q may hold no memory)
       // A pair's CTAs load half a tile each: a box of half the rows when the tile is one head-dim chunk.

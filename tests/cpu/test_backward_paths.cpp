@@ -1,0 +1,106 @@
+// The sm_90a backward's path choices (fa4::sm90::backward_paths: what the launch sets its kernel flags from), per
+// row, mode and FA4_BWD_* override: each A/B switch reaches the kernel where it applies and nowhere else. Host
+// code only, so it runs in CI; built where the sm_90a kernels are (FA4_WITH_SM90).
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <vector>
+
+#include "api/validate.hpp"
+#include "fa4/fa4.hpp"
+#include "testing/env.hpp"
+
+#if FA4_WITH_SM90
+#include "cuda/sm90/launch.hpp"
+
+namespace {
+
+using fa4::testing::EnvOverride;
+
+// The problem of a small bf16 batch at head dim d (the tensors' data is never read).
+fa4::sm90::BackwardPaths paths(int d, bool deterministic, bool causal = false) {
+  static std::vector<uint16_t> buffer(1 << 20);
+  const fa4::Tensor q = fa4::Tensor::contiguous(buffer.data(), fa4::DType::bf16, fa4::Device::cpu, {1, 256, 4, d});
+  const fa4::Tensor kv = fa4::Tensor::contiguous(buffer.data(), fa4::DType::bf16, fa4::Device::cpu, {1, 256, 2, d});
+  fa4::Options o;
+  o.deterministic = deterministic;
+  o.causal = causal;
+  return fa4::sm90::backward_paths(fa4::detail::validate_inputs("test", q, kv, kv, o), false);
+}
+
+TEST(BackwardPaths, DefaultsPerRow) {
+  std::vector<std::unique_ptr<EnvOverride>> unset;  // the defaults, whatever the caller's environment
+  for (const char* name : {"FA4_BWD_CLUSTER", "FA4_BWD_DQ_REGISTER_ADDS", "FA4_BWD_DET_REGISTER_ADDS",
+                           "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_HELPER",
+                           "FA4_BWD_DET_STORE_FIRST", "FA4_BWD_DET_SLAB_RELEASE"})
+    unset.push_back(std::make_unique<EnvOverride>(name, nullptr));
+  // Default mode: register adds at d = 128 only (perf-log B20); nothing deterministic.
+  for (int d : {64, 128, 192, 256}) {
+    const auto b = paths(d, false);
+    EXPECT_EQ(b.dq_register_adds, d == 128) << d;
+    EXPECT_FALSE(b.det_register_adds || b.det_two_buffers || b.det_turn_helpers || b.det_store_first) << d;
+    EXPECT_FALSE(b.cluster_pair) << d;
+    EXPECT_EQ(b.det_chains, 1) << d;
+  }
+  // Deterministic: store-first everywhere; two buffers at d = 128 (B23); writers' slab release on key-split rows,
+  // turn helpers on column-split rows; chains 4 / 1 / 4 / 4 without a mask, 1 with one (B17).
+  for (int d : {64, 128, 192, 256}) {
+    const auto b = paths(d, true);
+    EXPECT_TRUE(b.det_store_first) << d;
+    EXPECT_EQ(b.det_two_buffers, d == 128) << d;
+    EXPECT_EQ(b.det_slab_release, d <= 128) << d;
+    EXPECT_EQ(b.det_turn_helpers, d > 128) << d;
+    EXPECT_FALSE(b.dq_register_adds || b.det_register_adds) << d;
+    EXPECT_EQ(b.det_chains, d == 128 ? 1 : 4) << d;
+    EXPECT_EQ(paths(d, true, /*causal=*/true).det_chains, 1) << d;
+  }
+}
+
+TEST(BackwardPaths, SwitchesReachTheKernelWhereTheyApply) {
+  {
+    const EnvOverride on("FA4_BWD_DQ_REGISTER_ADDS", "1");
+    EXPECT_TRUE(paths(64, false).dq_register_adds);
+    EXPECT_FALSE(paths(256, false).dq_register_adds);  // column-split rows add from registers anyway
+    EXPECT_FALSE(paths(64, true).dq_register_adds);    // deterministic mode keeps its own path
+  }
+  {
+    const EnvOverride off("FA4_BWD_DQ_REGISTER_ADDS", "0");
+    EXPECT_FALSE(paths(128, false).dq_register_adds);
+  }
+  {
+    const EnvOverride on("FA4_BWD_DET_REGISTER_ADDS", "1");
+    for (int d : {64, 128}) {
+      const auto b = paths(d, true);
+      EXPECT_TRUE(b.det_register_adds) << d;
+      EXPECT_FALSE(b.det_two_buffers || b.det_slab_release) << d;  // no writers then
+    }
+    EXPECT_FALSE(paths(256, true).det_register_adds);
+    EXPECT_FALSE(paths(128, false).det_register_adds);
+  }
+  {
+    const EnvOverride off("FA4_BWD_DET_TWO_BUFFERS", "0");
+    EXPECT_FALSE(paths(128, true).det_two_buffers);
+  }
+  {
+    const EnvOverride off("FA4_BWD_DET_STORE_FIRST", "0");
+    EXPECT_FALSE(paths(64, true).det_store_first);
+  }
+  {
+    const EnvOverride chains("FA4_BWD_DET_CHAINS", "2");
+    EXPECT_EQ(paths(128, true).det_chains, 2);
+    EXPECT_EQ(paths(128, false).det_chains, 1);
+  }
+  {
+    const EnvOverride pair("FA4_BWD_CLUSTER", "1");
+    const auto b = paths(128, false);
+    EXPECT_TRUE(b.cluster_pair);
+    EXPECT_FALSE(b.dq_register_adds);  // the pair keeps its exchange and writer
+  }
+  {
+    const EnvOverride bad("FA4_BWD_DET_REGISTER_ADDS", "yes");
+    EXPECT_THROW(paths(128, true), fa4::Error);
+  }
+}
+
+}  // namespace
+#endif
