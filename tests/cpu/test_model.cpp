@@ -103,13 +103,19 @@ TEST(ModelTile, HopperWarpgroupsEachReadB) {
   EXPECT_EQ(c.smem_cycles, 1280);
 }
 
-// The Hopper cluster pair (fa4's sm_90a backward tile, 64 queries x 128 keys, d = 128): each shared load and
-// the dQ reduce-add happen once per pair, and the dQ partial's SMEM bytes move to the exchange, unchanged.
-TEST(ModelTile, HopperClusterPairHalvesBackwardLoadsAndReduceAdds) {
+// fa4's sm_90a backward tile at d = 128: 64 queries x 128 keys.
+m::TileConfig hopper_backward_d128_tile() {
   m::TileConfig t;
   t.pass = m::Pass::bwd;
   t.m = 64;
   t.n = 128;
+  return t;
+}
+
+// The Hopper cluster pair (fa4's sm_90a backward tile, 64 queries x 128 keys, d = 128): each shared load and
+// the dQ reduce-add happen once per pair, and the dQ partial's SMEM bytes move to the exchange, unchanged.
+TEST(ModelTile, HopperClusterPairHalvesBackwardLoadsAndReduceAdds) {
+  m::TileConfig t = hopper_backward_d128_tile();
   const m::Hardware& h200 = m::hardware(m::Gpu::h200);
   const m::TileCost one = m::tile_cost(h200, t);
   t.cluster = 2;
@@ -125,10 +131,7 @@ TEST(ModelTile, HopperClusterPairHalvesBackwardLoadsAndReduceAdds) {
 // reading the chunk's dS and its own columns of K (at d = 128 dS is read twice, once per head-dim half); an 80-row tile
 // (FlashAttention-3's, not a multiple of 64) computes dQ transposed, reading K once and dS^T per 64 columns of d.
 TEST(ModelTile, HopperBackwardDqOperandsPerUnit) {
-  m::TileConfig t;
-  t.pass = m::Pass::bwd;
-  t.m = 64;
-  t.n = 128;  // d = 128
+  m::TileConfig t = hopper_backward_d128_tile();
   const m::Hardware& h200 = m::hardware(m::Gpu::h200);
   // S^T, dP^T: K or V once, Q or dO per 64-key warpgroup; dV, dK: dO or Q per warpgroup (A from registers).
   auto others = [](int m) { return 2 * (128 * 128 * 2 + 2 * m * 128 * 2) + 2 * (2 * m * 128 * 2); };
@@ -142,10 +145,7 @@ TEST(ModelTile, HopperBackwardDqOperandsPerUnit) {
 // fa4's d = 128 backward adds dQ from registers (perf-log B20): no SMEM staging bytes, and the 64×128 step that
 // was shared-memory-bound by 5% becomes tensor-core-bound.
 TEST(ModelTile, HopperBackwardDqFromRegistersDropsTheStaging) {
-  m::TileConfig t;
-  t.pass = m::Pass::bwd;
-  t.m = 64;
-  t.n = 128;
+  m::TileConfig t = hopper_backward_d128_tile();
   const m::Hardware& h200 = m::hardware(m::Gpu::h200);
   const m::TileCost staged = m::tile_cost(h200, t);
   t.dq_from_registers = true;
