@@ -96,7 +96,7 @@ int det_chains(const char* call, const detail::Problem& p) {
 //   FA4_BWD_DET_TWO_BUFFERS (default 1): deterministic key-split rows with two staging buffers per warpgroup in
 //     their tile (BwdTile::det_staging_buffers: d = 128) stage in both, one per dQ writer, without the CTA pair
 //     (perf-log B23); 0: one buffer, as the other rows.
-//   FA4_BWD_DET_REGISTER_ADDS (default 0, not measured yet: perf-log B24): deterministic key-split rows without the
+//   FA4_BWD_DET_REGISTER_ADDS (default 0; perf-log B24, not yet run on a GPU): deterministic key-split rows without the
 //     CTA pair add each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers,
 //     always on there: FA4_BWD_DET_HELPER applies to the column-split rows), instead of staging it for the writers.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
