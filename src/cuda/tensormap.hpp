@@ -30,7 +30,7 @@ struct TmaTensorSpec {
   TmaSwizzle swizzle = TmaSwizzle::b128;              // box[0]·element size must not exceed the swizzle span
 };
 
-// Encodes the map into *out (or copies it from a per-thread cache of the last 16 specs encoded: an engine calls
+// Encodes the map into *out (or copies it from a per-thread cache of the last 32 specs encoded: an engine calls
 // with the same K/V cache and shapes every step, and an encode is a driver call; a map depends on nothing but the
 // spec, so a hit is exactly what encoding would give): interleave none, element strides 1, L2 promotion 128B, out-of-bounds elements
 // filled with zeros. Throws fa4::Error(Status::cuda_error, ...) naming the offending field, or the driver's
