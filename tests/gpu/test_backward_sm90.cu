@@ -177,6 +177,26 @@ void check_backward_case(const BwdCase& c) {
   std::fflush(stdout);  // a time limit that kills the process keeps what was printed
 }
 
+// An A/B switch's variant against its base, deterministic mode: case c with environment variable `name` at `base`,
+// then at `variant`, which must be right against the reference (when `reference`), give the same bits over three
+// runs, and the base's bits.
+void expect_variant_matches_base_bits(const BwdCase& c, const char* name, const char* base, const char* variant,
+                                      bool reference = true) {
+  BwdResult base_run;
+  {
+    const EnvOverride at_base(name, base);
+    base_run = run_backward_on_gpu(c, /*with_reference=*/false);
+  }
+  const EnvOverride at_variant(name, variant);
+  if (reference) check_backward_case(c);
+  const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+  const std::string against = std::string(" differs from ") + name + "=" + base + "'s";
+  EXPECT_EQ(r.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
+  EXPECT_TRUE(r.dq_values == base_run.dq_values) << c.name() << ": dQ" << against;
+  EXPECT_TRUE(r.dk_values == base_run.dk_values) << c.name() << ": dK" << against;
+  EXPECT_TRUE(r.dv_values == base_run.dv_values) << c.name() << ": dV" << against;
+}
+
 struct BwdInstance {
   DType dtype;
   int head_dim;
@@ -500,18 +520,7 @@ TEST(GpuBackwardSm90, DeterministicStoreFirstMatchesTheZeroedCopies) {
           c.options.deterministic = true;
           c.seed = 7900 + uint64_t(d) + uint64_t(shape);
           SCOPED_TRACE(std::string("chains ") + chains + ", helpers " + helpers + ", shape " + std::to_string(shape));
-          BwdResult zeroed;
-          {
-            const EnvOverride off("FA4_BWD_DET_STORE_FIRST", "0");
-            zeroed = run_backward_on_gpu(c, /*with_reference=*/false);
-          }
-          const EnvOverride on("FA4_BWD_DET_STORE_FIRST", "1");
-          check_backward_case(c);
-          const BwdResult stored = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
-          EXPECT_EQ(stored.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
-          EXPECT_TRUE(stored.dq_values == zeroed.dq_values) << c.name() << ": dQ differs from the zeroed copies'";
-          EXPECT_TRUE(stored.dk_values == zeroed.dk_values) << c.name() << ": dK differs";
-          EXPECT_TRUE(stored.dv_values == zeroed.dv_values) << c.name() << ": dV differs";
+          expect_variant_matches_base_bits(c, "FA4_BWD_DET_STORE_FIRST", "0", "1");  // against the zeroed copies
         }
 }
 
@@ -532,18 +541,7 @@ TEST(GpuBackwardSm90, DeterministicTwoBuffersMatchOne) {
       c.options.deterministic = true;
       c.seed = 8500 + uint64_t(shape);
       SCOPED_TRACE(std::string("chains ") + chains + ", shape " + std::to_string(shape));
-      BwdResult one;
-      {
-        const EnvOverride off("FA4_BWD_DET_TWO_BUFFERS", "0");
-        one = run_backward_on_gpu(c, /*with_reference=*/false);
-      }
-      const EnvOverride on("FA4_BWD_DET_TWO_BUFFERS", "1");
-      check_backward_case(c);
-      const BwdResult two = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
-      EXPECT_EQ(two.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
-      EXPECT_TRUE(two.dq_values == one.dq_values) << c.name() << ": dQ differs from one buffer's";
-      EXPECT_TRUE(two.dk_values == one.dk_values) << c.name() << ": dK differs";
-      EXPECT_TRUE(two.dv_values == one.dv_values) << c.name() << ": dV differs";
+      expect_variant_matches_base_bits(c, "FA4_BWD_DET_TWO_BUFFERS", "0", "1");
     }
   // One head per kv head: a CTA stages 1 or 3 slabs (buffer 1 never used; an odd last stage), right and repeatable.
   for (int seqlen_q : {64, 150}) {
@@ -573,19 +571,9 @@ TEST(GpuBackwardSm90, ProgrammaticLaunchesMatchThePlainOnes) {
       if (shape == 2) c.batch = 4, c.seqlen_q = 2048, c.seqlen_k = 512, c.heads_q = 16, c.heads_kv = 4;
       c.options.causal = causal, c.options.deterministic = true;
       c.seed = 8000 + uint64_t(d) + uint64_t(shape);
-      BwdResult plain;
-      {
-        const EnvOverride off("FA4_BWD_PDL", "0");
-        plain = run_backward_on_gpu(c, /*with_reference=*/false);
-      }
-      const EnvOverride on("FA4_BWD_PDL", "1");
       const bool reference = shape < 2;  // the several-wave case is checked against the plain launches' bits only
-      if (reference) check_backward_case(c);
-      const BwdResult dependent = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
-      EXPECT_EQ(dependent.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
-      EXPECT_TRUE(dependent.dq_values == plain.dq_values) << c.name() << ": dQ differs from the plain launches'";
-      EXPECT_TRUE(dependent.dk_values == plain.dk_values) << c.name() << ": dK differs";
-      EXPECT_TRUE(dependent.dv_values == plain.dv_values) << c.name() << ": dV differs";
+      expect_variant_matches_base_bits(c, "FA4_BWD_PDL", "0", "1", reference);
+      const EnvOverride on("FA4_BWD_PDL", "1");
       c.options.deterministic = false;  // and the default mode, against the reference
       if (reference) check_backward_case(c);
     }
@@ -629,18 +617,8 @@ TEST(GpuBackwardSm90, DeterministicRegisterAddsMatchTheWriters) {
           c.seed = 8600 + uint64_t(d) + uint64_t(shape);
           SCOPED_TRACE(std::string("chains ") + chains + ", store-first " + store_first + ", shape " +
                        std::to_string(shape));
-          BwdResult writers;
-          {
-            const EnvOverride off("FA4_BWD_DET_REGISTER_ADDS", "0");
-            writers = run_backward_on_gpu(c, /*with_reference=*/false);
-          }
-          const EnvOverride on("FA4_BWD_DET_REGISTER_ADDS", "1");
-          if (std::string(store_first) == "1") check_backward_case(c);
-          const BwdResult adds = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
-          EXPECT_EQ(adds.repeats_differing, 0) << c.name() << ": runs whose gradients differ from the first, of 3";
-          EXPECT_TRUE(adds.dq_values == writers.dq_values) << c.name() << ": dQ differs from the writers'";
-          EXPECT_TRUE(adds.dk_values == writers.dk_values) << c.name() << ": dK differs";
-          EXPECT_TRUE(adds.dv_values == writers.dv_values) << c.name() << ": dV differs";
+          expect_variant_matches_base_bits(c, "FA4_BWD_DET_REGISTER_ADDS", "0", "1",
+                                           /*reference=*/std::string(store_first) == "1");  // against the writers
         }
 }
 

@@ -247,6 +247,17 @@ __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, cons
   }
 }
 
+// A warpgroup's deterministic adds in the turn its helper warp waited for (bwd_dq_turn_helper_role): the helper's
+// acquire, then turn_granted, orders them after the previous key block's; after adds_issued the helper publishes
+// them, so no fence sits on the warpgroup's path.
+template <int N>
+__device__ __forceinline__ void write_in_granted_turn(float* units, const ptx::WgmmaAccumulator<N>& dq, bool store,
+                                                      int consumer) {
+  ptx::named_barrier_sync(turn_granted_barrier(consumer), kWarpgroupThreads + 32);
+  write_accumulator_units(units, dq, store);
+  ptx::named_barrier_arrive(adds_issued_barrier(consumer), kWarpgroupThreads + 32);
+}
+
 // A key-split warpgroup's dQ slab added from its registers (red.global.add.v4.f32 into the slab's accumulator
 // units, 512 contiguous bytes per warp instruction): in the default mode at once (p.dq_register_adds); in
 // deterministic mode (p.det_register_adds) in its turn, which its helper warp waited for and publishes after the
@@ -261,10 +272,8 @@ __device__ __forceinline__ void key_split_register_add(const BwdParams& p, const
     return;
   }
   const bool store = p.det_store_first && dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block) == 0;
-  float* const units = key_split_slab_unit<Config>(p, dq_chain_of(p, work), row_base, m_block, consumer) + thread * 4;
-  ptx::named_barrier_sync(turn_granted_barrier(consumer), kWarpgroupThreads + 32);
-  write_accumulator_units(units, dq, store);
-  ptx::named_barrier_arrive(adds_issued_barrier(consumer), kWarpgroupThreads + 32);
+  write_in_granted_turn(key_split_slab_unit<Config>(p, dq_chain_of(p, work), row_base, m_block, consumer) + thread * 4,
+                        dq, store, consumer);
 }
 
 // dQ accumulation of a column-split warpgroup (its 64 queries × its head-dim chunks, straight from the
@@ -299,11 +308,7 @@ class DqRegisterAdder {
         p.det_store_first || !p.det_turn_helpers ? dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block) : 0;
     const bool store = p.det_store_first && turn == 0;
     if (p.det_turn_helpers) {
-      // The helper warp waited for the turn (its acquire, then this barrier, orders the adds after the previous
-      // key block's) and publishes the adds after the second barrier: no fence on this warpgroup's path.
-      ptx::named_barrier_sync(turn_granted_barrier(consumer_), kWarpgroupThreads + 32);
-      write_accumulator_units(units, dq, store);
-      ptx::named_barrier_arrive(adds_issued_barrier(consumer_), kWarpgroupThreads + 32);
+      write_in_granted_turn(units, dq, store, consumer_);
       return;
     }
     ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
