@@ -42,18 +42,21 @@ TEST(BackwardPaths, DefaultsPerRow) {
     EXPECT_FALSE(b.cluster_pair) << d;
     EXPECT_EQ(b.det_chains, 1) << d;
   }
-  // Deterministic: store-first everywhere; two buffers at d = 128 (B23); writers' slab release on key-split rows,
-  // turn helpers on column-split rows; chains 4 / 1 / 4 / 4 without a mask, 1 with one (B17).
-  for (int d : {64, 128, 192, 256}) {
-    const auto b = paths(d, true);
-    EXPECT_TRUE(b.det_store_first) << d;
-    EXPECT_EQ(b.det_two_buffers, d == 128) << d;
-    EXPECT_EQ(b.det_slab_release, d <= 128) << d;
-    EXPECT_EQ(b.det_turn_helpers, d > 128) << d;
-    EXPECT_FALSE(b.dq_register_adds || b.det_register_adds) << d;
-    EXPECT_EQ(b.det_chains, d == 128 ? 1 : 4) << d;
-    EXPECT_EQ(paths(d, true, /*causal=*/true).det_chains, 1) << d;
-  }
+  // Deterministic: store-first everywhere; register adds in turn at d = 128 unmasked (B24), else the writers with
+  // two buffers at d = 128 (B23) and their slab release on key-split rows; turn helpers on column-split rows;
+  // chains 4 / 1 / 4 / 4 without a mask, 1 with one (B17).
+  for (int d : {64, 128, 192, 256})
+    for (bool causal : {false, true}) {
+      const auto b = paths(d, true, causal);
+      const bool register_adds = d == 128 && !causal;
+      EXPECT_TRUE(b.det_store_first) << d << causal;
+      EXPECT_EQ(b.det_register_adds, register_adds) << d << causal;
+      EXPECT_EQ(b.det_two_buffers, d == 128 && !register_adds) << d << causal;
+      EXPECT_EQ(b.det_slab_release, d <= 128 && !register_adds) << d << causal;
+      EXPECT_EQ(b.det_turn_helpers, d > 128) << d << causal;
+      EXPECT_FALSE(b.dq_register_adds) << d << causal;
+      EXPECT_EQ(b.det_chains, d == 128 || causal ? 1 : 4) << d << causal;
+    }
 }
 
 TEST(BackwardPaths, SwitchesReachTheKernelWhereTheyApply) {
@@ -78,8 +81,14 @@ TEST(BackwardPaths, SwitchesReachTheKernelWhereTheyApply) {
     EXPECT_FALSE(paths(128, false).det_register_adds);
   }
   {
+    const EnvOverride off("FA4_BWD_DET_REGISTER_ADDS", "0");
+    const auto b = paths(128, true);
+    EXPECT_FALSE(b.det_register_adds);
+    EXPECT_TRUE(b.det_two_buffers && b.det_slab_release);  // the writers again
+  }
+  {
     const EnvOverride off("FA4_BWD_DET_TWO_BUFFERS", "0");
-    EXPECT_FALSE(paths(128, true).det_two_buffers);
+    EXPECT_FALSE(paths(128, true, /*causal=*/true).det_two_buffers);
   }
   {
     const EnvOverride off("FA4_BWD_DET_STORE_FIRST", "0");

@@ -439,6 +439,9 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
     const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
     for (const char* release : {"0", "1"}) {
       const EnvOverride slab_release("FA4_BWD_DET_SLAB_RELEASE", release);
+      // The writers' paths (d = 128 unmasked adds from registers by default; DeterministicRegisterAddsMatchTheWriters
+      // runs those against these in chains 1 and 4).
+      const EnvOverride writers("FA4_BWD_DET_REGISTER_ADDS", "0");
       for (int d : {64, 128, 192, 256})
         for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::window}) {
           if (d >= 192 && std::string(release) == "1") continue;  // column-split rows have no dQ writer
@@ -529,6 +532,7 @@ TEST(GpuBackwardSm90, DeterministicStoreFirstMatchesTheZeroedCopies) {
 // mask, GQA, tails, and a walk of many tiles per CTA (both writers' buffers cycling).
 TEST(GpuBackwardSm90, DeterministicTwoBuffersMatchOne) {
   REQUIRE_SM90();
+  const EnvOverride writers("FA4_BWD_DET_REGISTER_ADDS", "0");  // unmasked d = 128 has no writers by default (B24)
   for (const char* chains : {"1", "2"})
     for (int shape = 0; shape < 4; ++shape) {
       const MaskKind m = shape == 3 ? MaskKind::causal : static_cast<MaskKind>(shape);

@@ -55,11 +55,17 @@ struct BwdTile {
   // warpgroup goes on staging the next tile's slab for the other writer (perf-log B23). The second buffers share
   // their memory with the pair's dq_incoming; at d = 64 they do not fit (1 KiB over).
   int det_staging_buffers = 1;
+  // Deterministic mode, key-split rows without the CTA pair and without a mask: each warpgroup adds its dQ slab
+  // from its registers in its turn (a helper warp per warpgroup waits for the turn), with no writer and no
+  // staging (FA4_BWD_DET_REGISTER_ADDS overrides). perf-log B24 (H100, d11666f, two reps): d = 128 unmasked
+  // +3% at 2k (det / default 0.84-0.85 -> 0.87-0.88), +2% at 8k; masked it loses 2-3% (the diagonal already
+  // staggers the turns, and the writers' staging overlaps better), and at d = 64 it loses 1-5%.
+  bool det_register_adds_unmasked = false;
 };
 
 inline constexpr BwdTile kBwdTiles[] = {
     {64, 128, 128, 2, false, 4, 1, false, 1},
-    {128, 64, 128, 2, false, 1, 1, true, 2},
+    {128, 64, 128, 2, false, 1, 1, true, 2, true},
     {192, 64, 64, 2, true, 4, 1, false},  // column-split rows add from registers in every mode
     {256, 64, 64, 2, true, 4, 1, false},
 };

@@ -96,9 +96,10 @@ int det_chains(const char* call, const detail::Problem& p) {
 //   FA4_BWD_DET_TWO_BUFFERS (default 1): deterministic key-split rows with two staging buffers per warpgroup in
 //     their tile (BwdTile::det_staging_buffers: d = 128) stage in both, one per dQ writer, without the CTA pair
 //     (perf-log B23); 0: one buffer, as the other rows.
-//   FA4_BWD_DET_REGISTER_ADDS (default 0; perf-log B24, not yet run on a GPU): deterministic key-split rows without the
-//     CTA pair add each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers,
-//     always on there: FA4_BWD_DET_HELPER applies to the column-split rows), instead of staging it for the writers.
+//   FA4_BWD_DET_REGISTER_ADDS (default: the row's BwdTile::det_register_adds_unmasked when nothing is masked, so on
+//     at d = 128 without causal or a window; perf-log B24): deterministic key-split rows without the CTA pair add
+//     each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers, always on
+//     there: FA4_BWD_DET_HELPER applies to the column-split rows), instead of staging it for the writers.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
 //     set-up overlap its tail).
@@ -114,9 +115,11 @@ struct Overrides {
   bool dq_register_adds = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
+  const bool det_register_adds = tile.det_register_adds_unmasked && !p.mask.masks_anything();
   Overrides o{pair_mode(call, tile, p), env_switch(call, "FA4_BWD_DET_HELPER", true), det_chains(call, p),
               env_switch(call, "FA4_BWD_DET_SLAB_RELEASE", true), env_switch(call, "FA4_BWD_DET_STORE_FIRST", true),
-              env_switch(call, "FA4_BWD_DET_TWO_BUFFERS", true), env_switch(call, "FA4_BWD_DET_REGISTER_ADDS", false),
+              env_switch(call, "FA4_BWD_DET_TWO_BUFFERS", true),
+              env_switch(call, "FA4_BWD_DET_REGISTER_ADDS", det_register_adds),
               env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", tile.dq_register_adds)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
