@@ -2,7 +2,8 @@
 // API on cuda tensors, against the fp64 reference with the tolerance rule: forced split counts 1 .. beyond the
 // key tiles, the fill rule (num_splits = 0) on decode shapes, packed decode (one query, the group's heads as a
 // tile's rows) with and without masks, sinks joining in the combine, a caller's NaN-poisoned workspace and a
-// too-small one, stride-0 query heads (not packed), and bitwise repeatability. Outputs start NaN-poisoned.
+// too-small one, stride-0 query heads (not packed), bitwise repeatability, and the merge inside the forward's
+// cluster (FA4_FWD_CLUSTER_COMBINE) against the combine kernel's bits. Outputs start NaN-poisoned.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -34,7 +35,7 @@ struct SplitCase : GpuCase {
 };
 
 struct SplitRun {
-  std::vector<std::byte> out_bytes;
+  std::vector<std::byte> out_bytes, lse_bytes;
   Comparison out, lse;
   size_t workspace_bytes = 0;
 };
@@ -91,6 +92,7 @@ SplitRun run_split_case(const SplitCase& c, bool with_reference = true) {
   d_out.copy_back(out);
   d_lse.copy_back(lse);
   r.out_bytes = out.storage();
+  r.lse_bytes = lse.storage();
   if (!with_reference) return r;
 
   Options host_options = c.options;
@@ -250,6 +252,106 @@ TEST(GpuSplitKvSm90, SplitRunsAreBitwiseRepeatable) {
   c.seed = 31;
   const SplitRun a = run_split_case(c, false), b = run_split_case(c, false);
   EXPECT_TRUE(a.out_bytes == b.out_bytes);
+}
+
+// Kernel launches of one forward call of c (caller's workspace, so no allocation nodes): its CUDA-graph capture's
+// kernel nodes, into *kernels.
+void kernels_in_forward(const SplitCase& c, size_t* kernels) {
+  *kernels = 0;
+  fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
+  auto out = HostTensor::make(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim});
+  DeviceCopy d_q(in.q, size_t(in.q.numel())), d_k(in.k, size_t(in.kv_storage_elems)),
+      d_v(in.v, size_t(in.kv_storage_elems)), d_out(out, size_t(out.numel()));
+  const size_t bytes = fa4::workspace_size(fa4::Pass::forward, d_q.desc(), d_k.desc(), d_v.desc(), c.options);
+  void* ws = nullptr;
+  if (bytes > 0) CUDA_OK(cudaMalloc(&ws, bytes));
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  try {
+    fa4::forward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), nullptr, c.options, {ws, bytes},
+                 reinterpret_cast<fa4::Stream>(stream));
+  } catch (const fa4::Error& e) {
+    ADD_FAILURE() << c.name() << ": fa4::forward threw under capture: " << e.what();
+  }
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  size_t count = 0;
+  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  for (cudaGraphNode_t n : nodes) {
+    cudaGraphNodeType type{};
+    CUDA_OK(cudaGraphNodeGetType(n, &type));
+    *kernels += type == cudaGraphNodeTypeKernel;
+  }
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+  cudaFree(ws);
+}
+
+// FA4_FWD_CLUSTER_COMBINE=1: a tile's ranges run as one cluster and merge in the forward (one launch, no combine
+// kernel), with the combine kernel's bits (the same merge of the same partials) and right against the reference:
+// every compiled instance, packed decode and unpacked rows, masks, softcap, sinks, lse, cluster sizes 2 .. 16 (the
+// fill rule's 16 at b = 1, s_k = 4096, 32/8), ranges left empty, and a split too large for a cluster (the
+// combine kernel then, two launches).
+TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
+  REQUIRE_SM90();
+  uint64_t seed = 7000;
+  const float inf = std::numeric_limits<float>::infinity();
+  auto check = [&](SplitCase c, int launches) {  // launches < 0: whatever the plan makes
+    SCOPED_TRACE(c.name());
+    SplitRun base;
+    {
+      const EnvOverride off("FA4_FWD_CLUSTER_COMBINE", "0");
+      base = run_split_case(c, /*with_reference=*/false);
+    }
+    const EnvOverride on("FA4_FWD_CLUSTER_COMBINE", "1");
+    check_split_case(c);
+    const SplitRun merged = run_split_case(c, /*with_reference=*/false);
+    EXPECT_TRUE(merged.out_bytes == base.out_bytes) << "out differs from the combine kernel's";
+    EXPECT_TRUE(merged.lse_bytes == base.lse_bytes) << "lse differs from the combine kernel's";
+    if (launches < 0) return;
+    size_t kernels = 0;
+    kernels_in_forward(c, &kernels);
+    EXPECT_EQ(kernels, size_t(launches)) << "kernel launches of the call";
+  };
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false))
+    for (const SplitShape& s : kShapes)
+      for (int splits : {2, 3, 7, 16}) {
+        SplitCase c;
+        c.dtype = dtype, c.head_dim = head_dim;
+        c.batch = s.batch, c.seqlen_q = s.seqlen_q, c.seqlen_k = s.seqlen_k, c.heads_q = s.heads_q,
+        c.heads_kv = s.heads_kv;
+        c.options.causal = s.causal, c.options.window_left = s.window_left, c.options.softcap = s.softcap;
+        c.options.num_splits = splits;
+        c.seed = ++seed;
+        if (seed % 3 == 0) {
+          const float kinds[] = {0.7f, 6.0f, -30.0f, -inf, -1.3f, 2.5f};
+          for (int64_t h = 0; h < c.heads_q; ++h) c.sinks.push_back(kinds[(h + seed) % 6]);
+        }
+        // Split or not, and merged in the cluster or not, is the plan's (fewer key tiles than ranges: fewer
+        // ranges; more tiles than SMs: the combine kernel); the bits and the reference are checked either way.
+        SCOPED_TRACE("shape " + std::to_string(&s - kShapes));
+        check(c, /*launches=*/-1);
+      }
+  // Launch counts where the plan is known: 4 and 8 ranges of 8 packed tiles (clusters of 4 and 8: one launch), and
+  // 64 ranges (more than a cluster holds: the combine kernel, two). The fill rule's 16 ranges merge in clusters of
+  // 16 only where the GPU runs eight of them at once (a GPC of 16 free SMs each): printed, not asserted.
+  for (int splits : {4, 8, 64, 0}) {
+    SplitCase c;
+    c.batch = 1, c.seqlen_q = 1, c.seqlen_k = 16384, c.heads_q = 32, c.heads_kv = 8, c.head_dim = 128;
+    c.options.num_splits = splits;
+    c.seed = ++seed;
+    check(c, splits == 0 ? -1 : splits == 64 ? 2 : 1);
+    if (splits == 0) {
+      const EnvOverride on("FA4_FWD_CLUSTER_COMBINE", "1");
+      size_t kernels = 0;
+      kernels_in_forward(c, &kernels);
+      std::printf("  fill rule, b = 1 s_k = 16384 32/8 (16 ranges): %zu kernel launch(es) with the cluster merge\n",
+                  kernels);
+    }
+  }
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/named_barrier.cuh"
 #include "cuda/ptx/swizzle.hpp"
@@ -18,6 +19,7 @@
 #include "cuda/sm90/mma_softmax.cuh"
 #include "cuda/sm90/params.hpp"
 #include "cuda/sm90/scheduler.cuh"
+#include "cuda/sm90/split_combine.cuh"
 #include "numerics/online_softmax.hpp"
 
 namespace fa4::sm90 {
@@ -135,6 +137,25 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     else
       store_pair(out + r * p.out_stride_s + col_base + reg_col_in_pair_block(i), pair);
   }
+}
+
+// Split-KV merged in the cluster (p.cluster_combine): the cluster's CTAs are the num_splits ranges of one tile,
+// `tile` (each CTA one range, its rank the range's index), and every consumer thread of each has written its
+// partial rows. The cluster barrier releases each thread's writes and acquires the others' at cluster scope
+// (global memory included; warps that have exited, the producers', are not waited for), then the consumer warps
+// of the cluster merge the tile's rows: row r by CTA r % splits, its warps in turn.
+template <ptx::WgmmaInput In, int Row>
+__device__ __forceinline__ void merge_tile_in_cluster(const FwdParams& p, const WorkTile& tile, int consumer) {
+  using Config = FwdConfig<Row>;
+  constexpr int kWarps = Config::kConsumerWarpgroups * (kWarpgroupThreads / 32);
+  ptx::cluster_sync();
+  const int64_t first = int64_t(tile.m_block) * Config::kBlockM;
+  const int64_t count = p.seqlen_q - first < Config::kBlockM ? p.seqlen_q - first : Config::kBlockM;
+  const int64_t base = (int64_t(tile.batch) * p.order.heads_q + tile.head) * p.seqlen_q + first;  // unpacked row
+  const int warp = consumer * (kWarpgroupThreads / 32) + (threadIdx.x % kWarpgroupThreads) / 32;
+  const int64_t splits = p.order.num_splits;
+  for (int64_t r = warp * splits + tile.split; r < count; r += kWarps * splits)
+    merge_split_row<In == ptx::WgmmaInput::bf16>(p.combine, base + r, threadIdx.x % 32);
 }
 
 }  // namespace fa4::sm90

@@ -3,6 +3,12 @@
 // Instantiated for the sm90 rows of src/cuda/instances.def, each behind a launch function for launch.cu.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <utility>
+
 #include "cuda/ptx/elect.cuh"
 #include "cuda/ptx/setmaxnreg.cuh"
 #include "cuda/sm90/epilogue.cuh"
@@ -73,6 +79,8 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   }
   FA4_TRACE_FINISH(rec);
   if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
+  // Its one tile is its first, blockIdx's (scheduler.cuh); its range's partials are written above.
+  if (p.cluster_combine) merge_tile_in_cluster<In, Row>(p, p.order.tile(int32_t(blockIdx.x)), consumer);
 }
 
 template <ptx::WgmmaInput In, int Row, bool Varlen>
@@ -111,44 +119,101 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
   consumer_role<In, Row, Varlen>(p, smem, ptx::warp_uniform(warpgroup - 1));  // uniform: see warp_uniform
 }
 
-template <DType Dtype, int Row, bool Varlen>
-cudaError_t launch_instance(const FwdParams& p, uint32_t grid, cudaStream_t stream) {
-  return launch_with_dynamic_smem(fwd_kernel<wgmma_input<Dtype>(), Row, Varlen>, grid, FwdConfig<Row>::kThreads,
-                                  fwd_smem_bytes<Row>(), stream, p, /*cluster=*/1, /*programmatic=*/true);
-}
-
-// The kernels of a head dim: two per kFwdTiles row of that head dim (dense, and with per-sequence geometry);
-// `row` and `varlen` pick the one that runs. A variable-length batch runs the head dim's last row (any length,
-// fwd_varlen_row); a KV-cache call the row its query length picks (a decode call the one-consumer d = 128 row).
-template <DType Dtype, int HeadDim, int Row = 0>
-cudaError_t launch_head_dim_row(int row, bool varlen, const FwdParams& p, uint32_t grid, cudaStream_t stream) {
+// Calls f(kernel, threads, dynamic smem bytes) with the kernel of (dtype, kFwdTiles row `row` of head dim
+// HeadDim, varlen): two per row of that head dim (dense, and with per-sequence geometry). A variable-length batch
+// runs the head dim's last row (any length, fwd_varlen_row); a KV-cache call the row its query length picks (a
+// decode call the one-consumer d = 128 row).
+template <DType Dtype, int HeadDim, int Row = 0, class F>
+cudaError_t with_head_dim_row(int row, bool varlen, F&& f) {
   static_assert(fwd_row(HeadDim, 1) >= 0, "a head dim of instances.def has no row in kFwdTiles (config.hpp)");
   if constexpr (Row == kFwdRows) {
     return cudaErrorInvalidValue;
   } else {
     if constexpr (kFwdTiles[Row].head_dim == HeadDim) {
-      if (row == Row)
-        return varlen ? launch_instance<Dtype, Row, true>(p, grid, stream) : launch_instance<Dtype, Row, false>(p, grid, stream);
+      if (row == Row) {
+        constexpr auto In = wgmma_input<Dtype>();
+        const uint32_t threads = FwdConfig<Row>::kThreads, smem = fwd_smem_bytes<Row>();
+        return varlen ? f(fwd_kernel<In, Row, true>, threads, smem) : f(fwd_kernel<In, Row, false>, threads, smem);
+      }
     }
-    return launch_head_dim_row<Dtype, HeadDim, Row + 1>(row, varlen, p, grid, stream);
+    return with_head_dim_row<Dtype, HeadDim, Row + 1>(row, varlen, static_cast<F&&>(f));
   }
 }
 
-}  // namespace
-
 // Selection among the compiled (dtype, head dim) pairs: the X-macro keeps the sm90 forward rows of instances.def.
+template <class F>
+cudaError_t with_fwd_kernel(DType p_dtype, int p_head_dim, int row, bool varlen, F&& f) {
 #define FA4_IF_sm90(...) __VA_ARGS__
 #define FA4_IF_sm100(...)
 #define FA4_IF_fwd(...) __VA_ARGS__
 #define FA4_IF_bwd(...)
 #define FA4_KERNEL(arch, pass, dtype, head_dim)                                      \
   FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
-                                  return launch_head_dim_row<DType::dtype, head_dim>(row, varlen, p, grid, stream);))
-
-cudaError_t launch_fwd_kernel(DType p_dtype, int p_head_dim, int row, bool varlen, const FwdParams& p, uint32_t grid,
-                              cudaStream_t stream) {
+                                  return with_head_dim_row<DType::dtype, head_dim>(row, varlen, f);))
 #include "cuda/instances.def"
   return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch
+}
+
+// Clusters above the portable 8 CTAs need the kernel's opt-in, once per (kernel, device) in the process.
+cudaError_t opt_in_large_clusters(const void* kernel) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> opted;
+  std::lock_guard<std::mutex> lock(mu);
+  if (opted.count({kernel, device}) != 0) return cudaSuccess;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      e != cudaSuccess)
+    return e;
+  opted.insert({kernel, device});
+  return cudaSuccess;
+}
+
+}  // namespace
+
+cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, bool varlen, const FwdParams& p, uint32_t grid,
+                              uint32_t cluster, cudaStream_t stream) {
+  return with_fwd_kernel(dtype, head_dim, row, varlen, [&](auto kernel, uint32_t threads, uint32_t smem) {
+    if (cluster > 8)
+      if (const cudaError_t e = opt_in_large_clusters(reinterpret_cast<const void*>(kernel)); e != cudaSuccess) return e;
+    return launch_with_dynamic_smem(kernel, grid, threads, smem, stream, p, cluster, /*programmatic=*/true);
+  });
+}
+
+cudaError_t fwd_max_active_clusters(DType dtype, int head_dim, int row, bool varlen, uint32_t cluster, int* clusters) {
+  *clusters = 0;
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::map<std::tuple<DType, int, int, bool, uint32_t, int>, int> known;
+  const auto key = std::make_tuple(dtype, head_dim, row, varlen, cluster, device);
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (const auto it = known.find(key); it != known.end()) return *clusters = it->second, cudaSuccess;
+  }
+  const cudaError_t e = with_fwd_kernel(dtype, head_dim, row, varlen, [&](auto kernel, uint32_t threads, uint32_t smem) {
+    const void* k = reinterpret_cast<const void*>(kernel);
+    if (const cudaError_t e = opt_in_dynamic_smem(k, smem); e != cudaSuccess) return e;
+    if (cluster > 8)
+      if (const cudaError_t e = opt_in_large_clusters(k); e != cudaSuccess) return e;
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(cluster);
+    config.blockDim = dim3(threads);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = cluster, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
+  });
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // an unsupported cluster size is an answer (none), not a sticky error
+    *clusters = 0;
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  known[key] = *clusters;
+  return cudaSuccess;
 }
 
 }  // namespace fa4::sm90

@@ -287,8 +287,26 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     next tile while the last consumer still runs this one's tail and epilogue.
 struct FwdSwitches {
   bool prologue_turn = true;
+  bool cluster_combine = false;
 };
-FwdSwitches read_fwd_switches(const char* call) { return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true)}; }
+FwdSwitches read_fwd_switches(const char* call) {
+  return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false)};
+}
+
+// Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
+// ranges must form one cluster (at most kMaxClusterCombine, 16 being the largest cluster sm_90 runs), each CTA one
+// range, so every tile once in the grid (no more CTAs than SMs), and the device must run all the clusters at once
+// (a GPC with fewer free SMs than a cluster holds none: a second wave would cost more than the combine kernel).
+// Both merges run the same function on the same partials: the same bits.
+constexpr int64_t kMaxClusterCombine = 16;
+bool merges_in_cluster(const char* call, const FwdSwitches& switches, const detail::Problem& p, int row, bool varlen,
+                       int32_t splits, int64_t ctas, int64_t sms) {
+  if (!switches.cluster_combine || splits < 2 || splits > kMaxClusterCombine || ctas > sms) return false;
+  int clusters = 0;
+  throw_if_cuda_error(call, fwd_max_active_clusters(p.dtype, int(p.head_dim), row, varlen, uint32_t(splits), &clusters),
+                      "cluster occupancy query");
+  return clusters >= ctas / splits;
+}
 
 // The switches into the kernel parameters, and the LPT order's tile counter (params.order.lpt) in stream-ordered
 // memory: zeroed, used and freed in stream order, so concurrent calls on other streams never share it, and
@@ -440,28 +458,8 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     params.lse_partial = reinterpret_cast<float*>(base + (rows * size_t(p.head_dim) * 4 + 255) / 256 * 256);
   }
 
-  // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
-  const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
-  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
-  std::optional<StreamOrderedBuffer> counter;
-  apply_switches_and_zero_tile_counter(call, switches, params, cu_stream, counter);
-#if FA4_TRACE
-  params.trace = trace::begin_launch(
-      "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
-          std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + " (row " + std::to_string(row) + ")" +
-          (split ? " splits " + std::to_string(plan.splits) : "") + (plan.pack_gqa ? " gqa-packed" : ""),
-      grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
-#endif
-  // A KV-cache call's append, last before the kernel: every check above (workspace, tile count, tensor maps,
-  // allocations) has passed, so a refused call has written nothing into the caches. The forward's
-  // cudaGridDependencySynchronize waits for it.
-  if (cache != nullptr) append_new_keys(call, k, v, *cache, cu_stream);
-  throw_if_cuda_error(call,
-                      launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/cache != nullptr, params, grid, cu_stream),
-                      "sm_90a forward launch failed");
-  if (counter) counter->free(call);
-  if (split) {  // the combine runs on the unpacked view: partial rows are laid out the same in both
-    SplitCombineParams c;
+  if (split) {  // the combine's view is the unpacked one: partial rows are laid out the same in both
+    SplitCombineParams& c = params.combine;
     c.o_partial = params.o_partial;
     c.lse_partial = params.lse_partial;
     c.num_splits = plan.splits;
@@ -479,8 +477,33 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
       c.sinks = static_cast<const float*>(p.sinks->data);
       c.sinks_stride = p.sinks->stride[0];
     }
-    throw_if_cuda_error(call, launch_split_combine(p.dtype, c, cu_stream), "split-KV combine launch failed");
   }
+  // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
+  const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
+  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
+  params.cluster_combine =
+      merges_in_cluster(call, switches, p, row, /*varlen=*/cache != nullptr, plan.splits, num_tiles, sms);
+  std::optional<StreamOrderedBuffer> counter;
+  apply_switches_and_zero_tile_counter(call, switches, params, cu_stream, counter);
+#if FA4_TRACE
+  params.trace = trace::begin_launch(
+      "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
+          std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + " (row " + std::to_string(row) + ")" +
+          (split ? " splits " + std::to_string(plan.splits) : "") + (params.cluster_combine ? " cluster-combine" : "") +
+          (plan.pack_gqa ? " gqa-packed" : ""),
+      grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
+#endif
+  // A KV-cache call's append, last before the kernel: every check above (workspace, tile count, tensor maps,
+  // allocations) has passed, so a refused call has written nothing into the caches. The forward's
+  // cudaGridDependencySynchronize waits for it.
+  if (cache != nullptr) append_new_keys(call, k, v, *cache, cu_stream);
+  throw_if_cuda_error(call,
+                      launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/cache != nullptr, params, grid,
+                                        params.cluster_combine ? uint32_t(plan.splits) : 1u, cu_stream),
+                      "sm_90a forward launch failed");
+  if (counter) counter->free(call);
+  if (split && !params.cluster_combine)
+    throw_if_cuda_error(call, launch_split_combine(p.dtype, params.combine, cu_stream), "split-KV combine launch failed");
   if (owned) owned->free(call);
 }
 
@@ -573,7 +596,7 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
                                          std::to_string(p.head_dim) + " (row " + std::to_string(row) + ")",
                                      grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
-  throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/true, params, grid, cu_stream),
+  throw_if_cuda_error(call, launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/true, params, grid, 1, cu_stream),
                       "sm_90a varlen forward launch failed");
   if (counter) counter->free(call);
 }

@@ -9,6 +9,7 @@
 
 #include "numerics/mask.hpp"
 #include "numerics/online_softmax.hpp"
+#include "cuda/sm90/split_combine.hpp"
 #include "cuda/sm90/tile_order.hpp"
 #include "trace/format.hpp"
 
@@ -47,6 +48,12 @@ struct FwdParams {
   // is false, lse and sinks null); split_combine.cu merges them.
   float* o_partial = nullptr;
   float* lse_partial = nullptr;
+  // Split-KV merged inside the forward (FA4_FWD_CLUSTER_COMBINE; launch.cu): a tile's num_splits ranges are one
+  // cluster of consecutive CTAs, one range each (the grid is every tile once). After writing its partials every
+  // consumer thread passes the cluster barrier, then the cluster's consumer warps merge the tile's rows
+  // (epilogue.cuh, merge_split_row) with `combine`, the combine kernel's view of the call (unpacked rows).
+  bool cluster_combine = false;
+  SplitCombineParams combine;
 
   int32_t seqlen_q = 0, seqlen_k = 0;
   int32_t group = 1;  // query heads per kv head: kv head = h / group
