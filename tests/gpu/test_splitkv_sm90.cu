@@ -74,6 +74,7 @@ SplitRun run_split_case(const SplitCase& c, bool with_reference = true) {
   if (c.caller_workspace && r.workspace_bytes > 0) {
     EXPECT_EQ(cudaMalloc(&ws_ptr, r.workspace_bytes), cudaSuccess);
     EXPECT_EQ(cudaMemset(ws_ptr, 0xff, r.workspace_bytes), cudaSuccess);  // NaN everywhere
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // before the call's own (non-blocking) stream reads it
     ws.data = ws_ptr, ws.bytes = r.workspace_bytes;
   }
   cudaStream_t stream = nullptr;
@@ -300,6 +301,9 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
   uint64_t seed = 7000;
   const float inf = std::numeric_limits<float>::infinity();
   auto check = [&](SplitCase c, int launches) {  // launches < 0: whatever the plan makes
+    // A poisoned workspace of the caller's, so a merge reading a partial before its range wrote it reads NaN,
+    // not what an earlier run left in memory the allocator hands out again.
+    c.caller_workspace = true;
     SCOPED_TRACE(c.name());
     SplitRun base;
     {
@@ -335,10 +339,10 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
         SCOPED_TRACE("shape " + std::to_string(&s - kShapes));
         check(c, /*launches=*/-1);
       }
-  // Launch counts where the plan is known: 4 and 8 ranges of 8 packed tiles (clusters of 4 and 8: one launch), and
-  // 64 ranges (more than a cluster holds: the combine kernel, two). The fill rule's 16 ranges merge in clusters of
+  // Launch counts where the plan is known: 2 .. 8 ranges of 8 packed tiles (clusters of up to 8, odd sizes too: one
+  // launch), and 64 ranges (more than a cluster holds: the combine kernel, two). The fill rule's 16 ranges merge in clusters of
   // 16 only where the GPU runs eight of them at once (a GPC of 16 free SMs each): printed, not asserted.
-  for (int splits : {4, 8, 64, 0}) {
+  for (int splits : {2, 3, 4, 7, 8, 64, 0}) {
     SplitCase c;
     c.batch = 1, c.seqlen_q = 1, c.seqlen_k = 16384, c.heads_q = 32, c.heads_kv = 8, c.head_dim = 128;
     c.options.num_splits = splits;

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     // a launch without the PDL attribute is not affected by the trigger.)
     cudaTriggerProgrammaticLaunchCompletion();
   }
-  // Launched as a programmatic dependent of the stream's previous kernel (launch_instance): its CTAs may be
+  // Launched as a programmatic dependent of the stream's previous kernel (launch_fwd_kernel): its CTAs may be
   // resident before that kernel ends, and set up their barriers meanwhile; nothing here reads or writes global
   // memory (inputs it may be producing, outputs or a workspace it may still be reading) until it is done.
   cudaGridDependencySynchronize();
@@ -113,6 +113,9 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
   if (role_of(warpgroup) == Role::load) {
     if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_dec<Config::kProducerRegisters>();
     if (threadIdx.x / 32 == 0) load_role<Row, Varlen>(p, smem);
+    // The merge's cluster barrier (merge_tile_in_cluster): every thread of the cluster takes part, as in the
+    // backward's pair (barrier.cluster waits for the threads that have not exited; this does not lean on that).
+    if (p.cluster_combine) ptx::cluster_sync();
     return;
   }
   if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_inc<Config::kConsumerRegisters>();
@@ -154,14 +157,15 @@ cudaError_t with_fwd_kernel(DType p_dtype, int p_head_dim, int row, bool varlen,
   return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch
 }
 
-// Clusters above the portable 8 CTAs need the kernel's opt-in, once per (kernel, device) in the process.
-cudaError_t opt_in_large_clusters(const void* kernel) {
+// Clusters above the portable 8 CTAs need the kernel's opt-in, once per (kernel, device) in the process;
+// `again`: set it even if this process did (a cudaDeviceReset forgets it).
+cudaError_t opt_in_large_clusters(const void* kernel, bool again = false) {
   int device = 0;
   if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   static std::mutex mu;
   static std::set<std::pair<const void*, int>> opted;
   std::lock_guard<std::mutex> lock(mu);
-  if (opted.count({kernel, device}) != 0) return cudaSuccess;
+  if (opted.count({kernel, device}) != 0 && !again) return cudaSuccess;
   if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
       e != cudaSuccess)
     return e;
@@ -174,9 +178,16 @@ cudaError_t opt_in_large_clusters(const void* kernel) {
 cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, bool varlen, const FwdParams& p, uint32_t grid,
                               uint32_t cluster, cudaStream_t stream) {
   return with_fwd_kernel(dtype, head_dim, row, varlen, [&](auto kernel, uint32_t threads, uint32_t smem) {
-    if (cluster > 8)
-      if (const cudaError_t e = opt_in_large_clusters(reinterpret_cast<const void*>(kernel)); e != cudaSuccess) return e;
-    return launch_with_dynamic_smem(kernel, grid, threads, smem, stream, p, cluster, /*programmatic=*/true);
+    if (cluster <= 8) return launch_with_dynamic_smem(kernel, grid, threads, smem, stream, p, cluster, true);
+    const void* k = reinterpret_cast<const void*>(kernel);
+    if (const cudaError_t e = opt_in_large_clusters(k); e != cudaSuccess) return e;
+    cudaError_t e = launch_with_dynamic_smem(kernel, grid, threads, smem, stream, p, cluster, /*programmatic=*/true);
+    if (e != cudaSuccess) {  // the opt-in may have been lost with a reset context
+      (void)cudaGetLastError();
+      if (opt_in_large_clusters(k, /*again=*/true) == cudaSuccess)
+        e = launch_with_dynamic_smem(kernel, grid, threads, smem, stream, p, cluster, true);
+    }
+    return e;
   });
 }
 
@@ -207,9 +218,11 @@ cudaError_t fwd_max_active_clusters(DType dtype, int head_dim, int row, bool var
     config.numAttrs = 1;
     return cudaOccupancyMaxActiveClusters(clusters, kernel, &config);
   });
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();  // an unsupported cluster size is an answer (none), not a sticky error
+  if (e == cudaErrorInvalidClusterSize || e == cudaErrorInvalidValue || e == cudaErrorNotSupported) {
+    (void)cudaGetLastError();  // a size this device does not run: the answer is none (and the call goes on)
     *clusters = 0;
+  } else if (e != cudaSuccess) {
+    return e;  // anything else is the caller's error to report, and not remembered
   }
   std::lock_guard<std::mutex> lock(mu);
   known[key] = *clusters;

@@ -285,6 +285,8 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //   FA4_FWD_PROLOGUE_TURN (default 1): a consumer's first S of a work tile waits for its turn at the tensor core;
 //     0 issues it outside the turns (FlashAttention-3's and -4's order, perf-log F14), so consumer 0 starts the
 //     next tile while the last consumer still runs this one's tail and epilogue.
+//   FA4_FWD_CLUSTER_COMBINE (default 0; perf-log F17, not yet run on a GPU): 1 merges split-KV's ranges inside the
+//     forward where a tile's ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
@@ -300,7 +302,7 @@ FwdSwitches read_fwd_switches(const char* call) {
 // Both merges run the same function on the same partials: the same bits.
 constexpr int64_t kMaxClusterCombine = 16;
 bool merges_in_cluster(const char* call, const FwdSwitches& switches, const detail::Problem& p, int row, bool varlen,
-                       int32_t splits, int64_t ctas, int64_t sms) {
+                       int32_t splits, int64_t ctas, int64_t sms) {  // ctas: tiles · splits, one CTA each
   if (!switches.cluster_combine || splits < 2 || splits > kMaxClusterCombine || ctas > sms) return false;
   int clusters = 0;
   throw_if_cuda_error(call, fwd_max_active_clusters(p.dtype, int(p.head_dim), row, varlen, uint32_t(splits), &clusters),
