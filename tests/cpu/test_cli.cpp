@@ -151,6 +151,26 @@ TEST(Cli, BenchWritesDecodeRows) {
   EXPECT_TRUE(has(fa4("bench --seqlen-q 0"), "--seqlen-q: must be >= 1, got 0"));
 }
 
+// The forward's softmax policy swept (issue 11's ablation): one row per (exp2 share, tau), each recording its
+// policy; a share that is not k/16 is the library's error, naming the option.
+TEST(Cli, BenchSweepsTheSoftmaxPolicy) {
+  const std::string path = ::testing::TempDir() + "fa4_bench_policy.json";
+  const Result r = fa4("bench --pass fwd --seqlen 64 --head-dim 32 --heads 2 --dtype bf16 --iters 1 "
+                       "--emulated-fraction 0 0.25 --tau 0 8 --json " + path);
+  ASSERT_EQ(r.code, 0) << r.output;
+  const auto doc = nlohmann::json::parse(std::ifstream(path));
+  ASSERT_EQ(doc["rows"].size(), 4u);
+  EXPECT_EQ(doc["rows"][1]["exp2_emulated_fraction"], 0.0);
+  EXPECT_EQ(doc["rows"][1]["rescale_threshold"], 8.0);
+  EXPECT_EQ(doc["rows"][2]["exp2_emulated_fraction"], 0.25);
+  EXPECT_EQ(doc["rows"][2]["rescale_threshold"], 0.0);
+  EXPECT_TRUE(has(r, "emu=0.25 tau=8")) << r.output;
+  const Result bad = fa4("bench --pass fwd --seqlen 64 --head-dim 32 --dtype bf16 --iters 1 --emulated-fraction 0.3");
+  EXPECT_NE(bad.code, 0);
+  EXPECT_TRUE(has(bad, "exp2_emulated_fraction")) << bad.output;
+  EXPECT_TRUE(has(fa4("bench --varlen 10,20 --tau 0"), "--varlen excludes --tau"));
+}
+
 // One variable-length batch (lengths 0 and 1 among them, GQA, causal): "fwd-varlen" / "bwd-varlen" rows with the
 // lengths and the tokens; the dense sweep's shape options are refused beside it, not ignored.
 TEST(Cli, BenchWritesVarlenRows) {

@@ -29,6 +29,9 @@ struct BenchArgs {
   int64_t heads_kv = 0;    // 0: = heads
   int64_t seqlen_q = 0;    // 0: = each seqlen (square); n: n queries against each seqlen of keys (1: decode)
   int64_t num_splits = 0;  // forward split-KV ranges (0: the backend's choice)
+  // The forward's softmax policy, swept (issue 11's ablation): exp2 share on the FMA pipe (k/16) and tau.
+  std::vector<float> emulated_fractions{0.0f};
+  std::vector<float> taus{8.0f};
   std::vector<int64_t> varlen;  // per-sequence lengths of one variable-length batch (queries = keys); empty: dense
   int iters = 3;
   std::string json_path, commit = "unknown";
@@ -229,17 +232,24 @@ void bench_varlen(const BenchArgs& a, nlohmann::json& rows) {
 void bench_dense(const BenchArgs& a, nlohmann::json& rows) {
   using nlohmann::json;
   const bool cuda = a.backend == "cuda";
-  const int total = static_cast<int>(a.passes.size() * a.dtypes.size() * a.seqlens.size() * a.head_dims.size() * a.masks.size());
+  const int total = static_cast<int>(a.passes.size() * a.dtypes.size() * a.seqlens.size() * a.head_dims.size() *
+                                     a.masks.size() * a.emulated_fractions.size() * a.taus.size());
+  const bool ablation = a.emulated_fractions != std::vector<float>{0.0f} || a.taus != std::vector<float>{8.0f};
   Progress progress("bench", total);
   fmt::print("{:<6} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11} {:>9}\n", "pass", "dtype", "d", "seqlen", "batch", "heads",
              "mask", "ms", "TFLOP/s");
   for (const auto& dt : a.dtypes)
     for (int64_t d : a.head_dims)
       for (int64_t s : a.seqlens)
-        for (const auto& mask : a.masks) {
+        for (const auto& mask : a.masks)
+        for (float emulated : a.emulated_fractions)
+        for (float tau : a.taus) {
           const DType dtype = parse_dtype(dt);
           Options o;
           o.causal = mask == "causal";
+          o.exp2_emulated_fraction = emulated;
+          o.rescale_threshold = tau;
+          const std::string policy = ablation ? fmt::format("  emu={:g} tau={:g}", emulated, tau) : "";
           o.num_splits = int(std::min<int64_t>(a.num_splits, std::numeric_limits<int>::max()));
           const int64_t sq = a.seqlen_q > 0 ? a.seqlen_q : s, hkv = a.heads_kv > 0 ? a.heads_kv : a.heads;
           const std::array<int64_t, 4> qshape{a.batch, sq, a.heads, d}, kshape{a.batch, s, hkv, d};
@@ -251,13 +261,13 @@ void bench_dense(const BenchArgs& a, nlohmann::json& rows) {
           q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), dout.fill_normal(4);
           for (const auto& pass_name : a.passes) {
             const Pass pass = pass_name == "fwd" ? Pass::forward : Pass::backward;
-            progress.step(fmt::format("{} {} d={} s={} {}", pass_name, dt, d, s, mask));
+            progress.step(fmt::format("{} {} d={} s={} {}{}", pass_name, dt, d, s, mask, policy));
             double sec = 0;
             if (cuda) {
               const auto timed = time_on_gpu(pass, o, q, k, v, out, lse, dout, dq, dk, dv, a.iters);
               if (!timed.ok) {
-                fmt::print("{:<6} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} not run: {}\n", pass_name, dt, d, s, a.batch, a.heads,
-                           mask, timed.reason);
+                fmt::print("{:<6} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} not run: {}{}\n", pass_name, dt, d, s, a.batch, a.heads,
+                           mask, timed.reason, policy);
                 continue;
               }
               sec = timed.sec;
@@ -280,7 +290,7 @@ void bench_dense(const BenchArgs& a, nlohmann::json& rows) {
             fmt::print("{:<6} {:<5} {:>4} {:>7} {:>5} {:>5} {:<7} {:>11.3f} {:>9.4f}{}\n", decode ? "decode" : pass_name, dt, d,
                        sq == s ? fmt::format("{}", s) : fmt::format("{}x{}", sq, s), a.batch,
                        hkv == a.heads ? fmt::format("{}", a.heads) : fmt::format("{}/{}", a.heads, hkv), mask, sec * 1e3,
-                       tflops, decode ? fmt::format("  {:.0f} GB/s of K/V", kv_gbps) : "");
+                       tflops, (decode ? fmt::format("  {:.0f} GB/s of K/V", kv_gbps) : "") + policy);
             std::fflush(stdout);
             json row = {{"impl", cuda ? "fa4-cuda" : "fa4-cpu"}, {"dtype", dt}, {"d", d}, {"seqlen", s}, {"batch", a.batch},
                         {"heads", a.heads}, {"causal", o.causal}, {"pass", decode ? "decode" : pass_name},
@@ -288,6 +298,7 @@ void bench_dense(const BenchArgs& a, nlohmann::json& rows) {
             if (sq != s || hkv != a.heads || a.num_splits > 0)
               row.update({{"seqlen_q", sq}, {"seqlen_k", s}, {"heads_kv", hkv}, {"num_splits", a.num_splits}});
             if (decode) row.update({{"us", sec * 1e6}, {"gbps", kv_gbps}, {"page_size", 0}, {"seqlen_k", s}});
+            if (ablation) row.update({{"exp2_emulated_fraction", emulated}, {"rescale_threshold", tau}});
             rows.push_back(row);
           }
         }
@@ -342,6 +353,13 @@ void add_bench_command(CLI::App& app) {
                             ->check(kAtLeastZero);
   // The batch and its lengths come from --varlen: these options would be ignored.
   for (const char* other : {"--seqlen", "--batch", "--seqlen-q", "--num-splits"}) varlen->excludes(other);
+  cmd->add_option("--emulated-fraction", a->emulated_fractions,
+                  "forward softmax: shares of exp2 on the FMA pipe, k/16 each (swept; issue 11's ablation)")
+      ->capture_default_str()
+      ->excludes(varlen);
+  cmd->add_option("--tau", a->taus, "forward softmax: rescale thresholds in log2 units (swept)")
+      ->capture_default_str()
+      ->excludes(varlen);
   cmd->add_option("--iters", a->iters, "timed iterations (median)")->check(kAtLeastOne)->capture_default_str();
   cmd->add_option("--json", a->json_path, "write results to this JSON file");
   cmd->add_option("--commit", a->commit, "commit id recorded in the JSON");
