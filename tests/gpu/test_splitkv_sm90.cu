@@ -137,19 +137,30 @@ const SplitShape kShapes[] = {
     {3, 1, 5, 4, 4, false, -1, 0.0f},     {1, 5, 64, 3, 1, true, -1, 0.0f},
 };
 
+// Shape s at (dtype, head_dim) with `splits` ranges asked for.
+SplitCase split_case(const SplitShape& s, DType dtype, int head_dim, int splits, uint64_t seed) {
+  SplitCase c;
+  c.dtype = dtype, c.head_dim = head_dim;
+  c.batch = s.batch, c.seqlen_q = s.seqlen_q, c.seqlen_k = s.seqlen_k, c.heads_q = s.heads_q, c.heads_kv = s.heads_kv;
+  c.options.causal = s.causal, c.options.window_left = s.window_left, c.options.softcap = s.softcap;
+  c.options.num_splits = splits;
+  c.seed = seed;
+  return c;
+}
+
+// One sink per query head, of kinds from a large logit to -inf, picked by `seed`.
+void add_sinks(SplitCase& c, uint64_t seed) {
+  const float kinds[] = {0.7f, 6.0f, -30.0f, -std::numeric_limits<float>::infinity(), -1.3f, 2.5f};
+  for (int64_t h = 0; h < c.heads_q; ++h) c.sinks.push_back(kinds[(h + seed) % 6]);
+}
+
 TEST(GpuSplitKvSm90, ForcedSplitsMatchTheReference) {
   REQUIRE_SM90();
   uint64_t seed = 5000;
   for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false))
     for (const SplitShape& s : kShapes)
       for (int splits : {1, 2, 3, 7, 200}) {
-        SplitCase c;
-        c.dtype = dtype, c.head_dim = head_dim;
-        c.batch = s.batch, c.seqlen_q = s.seqlen_q, c.seqlen_k = s.seqlen_k, c.heads_q = s.heads_q,
-        c.heads_kv = s.heads_kv;
-        c.options.causal = s.causal, c.options.window_left = s.window_left, c.options.softcap = s.softcap;
-        c.options.num_splits = splits;
-        c.seed = ++seed;
+        SplitCase c = split_case(s, dtype, head_dim, splits, ++seed);
         check_split_case(c);
       }
 }
@@ -177,19 +188,11 @@ TEST(GpuSplitKvSm90, FillRuleSplitsSmallDecodeAndNotFullPrefill) {
 TEST(GpuSplitKvSm90, SinksAndCallerWorkspace) {
   REQUIRE_SM90();
   uint64_t seed = 6000;
-  const float inf = std::numeric_limits<float>::infinity();
   for (const SplitShape& s : kShapes)
     for (int splits : {0, 1, 4}) {
-      SplitCase c;
-      c.head_dim = 128;
-      c.batch = s.batch, c.seqlen_q = s.seqlen_q, c.seqlen_k = s.seqlen_k, c.heads_q = s.heads_q,
-      c.heads_kv = s.heads_kv;
-      c.options.causal = s.causal, c.options.window_left = s.window_left, c.options.softcap = s.softcap;
-      c.options.num_splits = splits;
-      const float kinds[] = {0.7f, 6.0f, -30.0f, -inf, -1.3f, 2.5f};
-      for (int64_t h = 0; h < c.heads_q; ++h) c.sinks.push_back(kinds[(h + seed) % 6]);
+      SplitCase c = split_case(s, SplitCase{}.dtype, 128, splits, seed + 1);
+      add_sinks(c, seed++);
       c.caller_workspace = splits != 1;
-      c.seed = ++seed;
       check_split_case(c);
     }
 }
@@ -299,7 +302,6 @@ void kernels_in_forward(const SplitCase& c, size_t* kernels) {
 TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
   REQUIRE_SM90();
   uint64_t seed = 7000;
-  const float inf = std::numeric_limits<float>::infinity();
   auto check = [&](SplitCase c, int launches) {  // launches < 0: whatever the plan makes
     // A poisoned workspace of the caller's, so a merge reading a partial before its range wrote it reads NaN,
     // not what an earlier run left in memory the allocator hands out again.
@@ -323,17 +325,8 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
   for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false))
     for (const SplitShape& s : kShapes)
       for (int splits : {2, 3, 7, 16}) {
-        SplitCase c;
-        c.dtype = dtype, c.head_dim = head_dim;
-        c.batch = s.batch, c.seqlen_q = s.seqlen_q, c.seqlen_k = s.seqlen_k, c.heads_q = s.heads_q,
-        c.heads_kv = s.heads_kv;
-        c.options.causal = s.causal, c.options.window_left = s.window_left, c.options.softcap = s.softcap;
-        c.options.num_splits = splits;
-        c.seed = ++seed;
-        if (seed % 3 == 0) {
-          const float kinds[] = {0.7f, 6.0f, -30.0f, -inf, -1.3f, 2.5f};
-          for (int64_t h = 0; h < c.heads_q; ++h) c.sinks.push_back(kinds[(h + seed) % 6]);
-        }
+        SplitCase c = split_case(s, dtype, head_dim, splits, ++seed);
+        if (seed % 3 == 0) add_sinks(c, seed);
         // Split or not, and merged in the cluster or not, is the plan's (fewer key tiles than ranges: fewer
         // ranges; more tiles than SMs: the combine kernel); the bits and the reference are checked either way.
         SCOPED_TRACE("shape " + std::to_string(&s - kShapes));
