@@ -8,7 +8,11 @@ Implementations:
   fa4-varlen   flash_attn_varlen_func on the packed tensors (one launch for every sequence);
   fa4-dense    flash_attn_func on [n_seqs, mean_len, h, d]: the same token count as one dense batch;
   sdpa-padded  SDPA's cuDNN backend on [n_seqs, max_len, h, d] zero-padded (the padding is computed: its
-               TFLOP/s counts only the real pairs, which is what the padding costs a user).
+               TFLOP/s counts only the real pairs, which is what the padding costs a user);
+  sdpa-flash-padded  the same through SDPA's FLASH backend (FlashAttention-2);
+  flex-document      FlexAttention (torch.compile'd) on the packed tensors with a document mask (a key is visible
+               to a query of the same sequence; causal: and not after it), its output checked against fa4-varlen's
+               (relative L2 <= 2e-2, else a note and no row); --no-flex skips it (its compile takes a while).
 TFLOP/s: 4·d per visible (query, key) pair of every sequence (causal: the bottom-right triangle), per second.
 Timing: CUDA events around `--calls` back-to-back calls, after a warm-up; the median of `--reps`.
 Correctness: fa4-varlen's output of every sequence against SDPA's math backend in fp32 on that sequence alone
@@ -46,6 +50,43 @@ def pairs(n, causal):
     return n * (n + 1) // 2 if causal else n * n
 
 
+def flex_attention_or_note(notes):
+    """torch.compile'd flex_attention, or None with a note saying why it cannot run here."""
+    try:
+        from torch.nn.attention.flex_attention import flex_attention
+        return torch.compile(flex_attention, dynamic=False)
+    except Exception as e:  # noqa: BLE001 -- a peer that cannot run is a note, not an abort
+        notes.append(f"flex-document: unavailable: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return None
+
+
+def flex_document(flex, doc, causal, q, k, v, reference, label, notes):
+    """A call of FlexAttention on the packed [1, h, tokens, d] view with a document mask, checked against fa4's
+    varlen output (`reference`); None (and a note) if it cannot run or disagrees."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def document(b, h, q_idx, kv_idx):
+        same = doc[q_idx] == doc[kv_idx]
+        return same & (q_idx >= kv_idx) if causal else same
+    try:
+        tokens = q.shape[0]
+        mask = create_block_mask(document, B=None, H=None, Q_LEN=tokens, KV_LEN=tokens, device=q.device)
+        qf, kf, vf = (x.transpose(0, 1)[None] for x in (q, k, v))
+
+        def run():
+            return flex(qf, kf, vf, block_mask=mask)
+        with torch.no_grad():
+            got = run()[0].transpose(0, 1).float()
+        err = ((got - reference.float()).norm() / reference.float().norm()).item()
+        if err > 2e-2:
+            notes.append(f"flex-document {label}: differs from fa4-varlen (relative L2 {err:.3g}); not timed")
+            return None
+        return run
+    except Exception as e:  # noqa: BLE001
+        notes.append(f"flex-document {label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
+        return None
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=16384)
@@ -58,6 +99,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+    ap.add_argument("--no-flex", action="store_true", help="leave out flex-document (its compile is slow)")
     a = ap.parse_args()
     if not 1 <= a.min_len <= a.max_len or a.tokens < 1 or a.heads < 1 or a.calls < 1 or a.reps < 1:
         ap.error("expected 1 <= --min-len <= --max-len, and --tokens, --heads, --calls, --reps >= 1")
@@ -70,6 +112,8 @@ def main():
     mean_len = round(a.tokens / n_seqs)
     cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
     rows, notes = [], []
+    flex = None if a.no_flex else flex_attention_or_note(notes)
+    doc = torch.repeat_interleave(torch.arange(n_seqs, device="cuda"), torch.tensor(lens, device="cuda"))
     print(f"{n_seqs} sequences, {a.tokens} tokens, lengths {min(lens)}..{max_len} (mean {mean_len})", flush=True)
     for d in (int(x) for x in a.head_dims.split(",")):
         for causal in (False, True):
@@ -103,16 +147,23 @@ def main():
                 for src, dst in ((q, qp), (k, kp), (v, vp)):
                     dst[b, :, : e - s] = src[s:e].transpose(0, 1)
 
-            def sdpa():
-                with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                    return torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=causal)
+            def sdpa(backend):
+                def run():
+                    with sdpa_kernel(backend):
+                        return torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=causal)
+                return run
 
             impls = {
                 "fa4-varlen": (lambda: fa4.flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, causal=causal),
                                flops),
                 "fa4-dense": (lambda: fa4.flash_attn_func(qd, kd, vd, causal=causal), dense_flops),
-                "sdpa-padded": (sdpa, flops),
+                "sdpa-padded": (sdpa(SDPBackend.CUDNN_ATTENTION), flops),
+                "sdpa-flash-padded": (sdpa(SDPBackend.FLASH_ATTENTION), flops),
             }
+            if flex is not None:
+                run_flex = flex_document(flex, doc, causal, q, k, v, out, label, notes)
+                if run_flex is not None:
+                    impls["flex-document"] = (run_flex, flops)
             measured = {}
             with torch.no_grad():
                 for name, (fn, fl) in impls.items():
@@ -143,7 +194,8 @@ def main():
     lines = [f"# Varlen prefill, {props.name}, commit {a.commit[:7]}, {date}",
              f"bf16, {a.heads} heads, {a.tokens} tokens in {n_seqs} sequences of {min(lens)}..{max_len} (mean "
              f"{mean_len}); median of {a.reps} × {a.calls} calls.", "",
-             "| d | mask | fa4-varlen TFLOP/s (/ dense) | fa4-dense at the mean length | sdpa-padded |", "|---|---|---|---|---|"]
+             "| d | mask | fa4-varlen TFLOP/s (/ dense) | fa4-dense at the mean length | sdpa-padded (cuDNN) | "
+             "sdpa-flash-padded | flex-document |", "|---|---|---|---|---|---|---|"]
     for d in sorted({r["d"] for r in rows}):
         for causal in (False, True):
             cell = {r["impl"]: r for r in rows if r["d"] == d and r["causal"] == causal}
@@ -152,7 +204,8 @@ def main():
             fmt = lambda n: f"{cell[n]['tflops']:.0f}" if n in cell else "—"  # noqa: E731
             ratio = cell.get("fa4-varlen", {}).get("ratio_to_dense")
             lines.append(f"| {d} | {'causal' if causal else 'full'} | {fmt('fa4-varlen')}"
-                         f"{f' ({ratio:.2f})' if ratio else ''} | {fmt('fa4-dense')} | {fmt('sdpa-padded')} |")
+                         f"{f' ({ratio:.2f})' if ratio else ''} | {fmt('fa4-dense')} | {fmt('sdpa-padded')} | "
+                         f"{fmt('sdpa-flash-padded')} | {fmt('flex-document')} |")
     lines += [""] + [f"- {n}" for n in notes]
     with open(stem + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
