@@ -51,6 +51,12 @@
 #ifndef FA4_AB_Q_STAGES
 #define FA4_AB_Q_STAGES 1
 #endif
+// A/B candidate (off by default; perf-log F20): the instances with per-sequence geometry (varlen, KV cache) publish
+// each tile's sequence offsets and sizes with its index, loaded once by the producer ahead of time, instead of each
+// consumer warp loading them from global memory at the tile's start.
+#ifndef FA4_AB_SLOT_GEOMETRY
+#define FA4_AB_SLOT_GEOMETRY 0
+#endif
 
 namespace fa4::sm90 {
 

@@ -140,19 +140,25 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
     tile_ring.producer_acquire(tile_stage);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
+    const bool more = linear < p.order.num_tiles();
+    SeqGeometry geo;  // varlen / KV cache: the tile's sequence
+    if constexpr (Varlen && FA4_AB_SLOT_GEOMETRY) {  // the sequence goes with the index (its loads once, here)
+      if (more) geo = seq_geometry(p, p.order.tile(linear));
+      int32_t* const sequence = smem.tile_sequence[tile_stage.index];
+      sequence[0] = geo.q_row0, sequence[1] = geo.seqlen_q, sequence[2] = geo.k_row0, sequence[3] = geo.seqlen_k;
+    }
     smem.tile_slot[tile_stage.index] = linear;
     tile_ring.producer_commit(tile_stage);
     ++tile_stage;
-    if (linear >= p.order.num_tiles()) {
+    if (!more) {
       FA4_TRACE_FINISH(rec);
       return;
     }
 
     const WorkTile tile = p.order.tile(linear);
     KvTileRange range;
-    SeqGeometry geo;  // varlen / KV cache: the tile's sequence
     if constexpr (Varlen) {  // tile_kv_range spelled out: through it the dense producer's SASS changes (d = 128)
-      geo = seq_geometry(p, tile);
+      if constexpr (!FA4_AB_SLOT_GEOMETRY) geo = seq_geometry(p, tile);
       range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(p, tile, geo);
     } else {
       range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);
