@@ -57,6 +57,8 @@
 #ifndef FA4_AB_SLOT_GEOMETRY
 #define FA4_AB_SLOT_GEOMETRY 0
 #endif
+static_assert(FA4_AB_Q_STAGES == 1 || FA4_AB_Q_STAGES == 2, "FA4_AB_Q_STAGES: 1 or 2");
+static_assert(FA4_AB_SLOT_GEOMETRY == 0 || FA4_AB_SLOT_GEOMETRY == 1, "FA4_AB_SLOT_GEOMETRY: 0 or 1");
 
 namespace fa4::sm90 {
 

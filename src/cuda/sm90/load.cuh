@@ -1,7 +1,7 @@
 // Load role: one producer warp; one elected lane walks the CTA's work tiles (TileScheduler), publishes each to
-// the consumers, and issues every TMA: Q into its one-stage ring, and for each visible K/V tile a K load into
-// the K ring and a V load into the V ring, each stage acquired from its Pipeline (blocks while the consumers
-// still read it) and armed with the exact byte count it will receive.
+// the consumers, and issues every TMA: Q into its ring (one stage; two under FA4_AB_Q_STAGES), and for each
+// visible K/V tile a K load into the K ring and a V load into the V ring, each stage acquired from its Pipeline
+// (blocks while the consumers still read it) and armed with the exact byte count it will receive.
 // A tile that runs past seqlen_k (or a Q tile past seqlen_q) is zero-filled by TMA; the bytes still count.
 #pragma once
 
@@ -111,9 +111,10 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
   }
 }
 
-// Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once both
-// consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q
-// so that it streams while the consumers finish the previous tile.
+// Per tile: publish the tile index (and, under FA4_AB_SLOT_GEOMETRY, its sequence); then (unless no key is visible
+// to any of its rows) the first K, Q (once the consumers have released the previous Q), the first V, and the
+// remaining K/V pairs. The first K goes before Q so that it streams while the consumers finish the previous tile;
+// with two Q stages Q goes first (its stage is free a tile ahead).
 // Varlen: a tile's rows and keys start at its sequence's offsets in the packed tensors (mapped as batch 1).
 template <int Row, bool Varlen>
 __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<Row>& smem) {

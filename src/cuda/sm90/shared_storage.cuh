@@ -29,7 +29,7 @@ struct FwdSharedStorage {
   cuda::PipelineBarriers<kTileRingStages> tile_ring;  // load -> mma: the next work tile's index is published
   int32_t tile_slot[kTileRingStages];              // linear tile index; >= num_tiles: no more work
   // With FA4_AB_SLOT_GEOMETRY, the instances with per-sequence geometry: the slot's tile's sequence, as the
-  // producer loaded it (kTileSequence fields of SeqGeometry).
+  // producer loaded it (kTileSequenceFields of SeqGeometry's fields).
   int32_t tile_sequence[FA4_AB_SLOT_GEOMETRY ? kTileRingStages : 1][kTileSequenceFields];
 };
 
