@@ -1,6 +1,7 @@
 // The persistent sm_90a forward's tile orders (src/cuda/sm90/tile_order.hpp), checked on the host: each is a
 // permutation of the (query block, head, batch) tiles; the causal (LPT) order runs section by section, longest
-// rows first inside a section; the static order keeps a head's query blocks together.
+// rows first inside a section; the static order keeps a head's query blocks together; split-KV ranges of a tile
+// are consecutive.
 #include <gtest/gtest.h>
 
 #include <set>
@@ -70,3 +71,22 @@ TEST(TileOrder, StaticKeepsAHeadsQueryBlocksTogether) {
   }
 }
 
+
+// Split-KV: the split index runs fastest, so `splits` consecutive tiles (a cluster of consecutive CTAs, each its
+// blockIdx's tile: FwdParams::cluster_combine) are the ranges 0 .. splits - 1 of one (query block, head, batch),
+// and every range of every tile appears once.
+TEST(TileOrder, SplitRangesOfATileAreConsecutive) {
+  for (int32_t splits : {2, 3, 7, 16}) {
+    TileOrder o = order(3, 5, 2, false, 1);
+    o.num_splits = splits;
+    ASSERT_EQ(o.num_tiles(), 3 * 5 * 2 * splits);
+    std::set<std::tuple<int32_t, int32_t, int32_t, int32_t>> seen;
+    for (int32_t n = 0; n < o.num_tiles(); ++n) {
+      const WorkTile t = o.tile(n), first = o.tile(n - n % splits);
+      EXPECT_EQ(t.split, n % splits) << n;
+      EXPECT_TRUE(t.m_block == first.m_block && t.head == first.head && t.batch == first.batch)
+          << "tile " << n << " is not its cluster's tile";
+      EXPECT_TRUE(seen.emplace(t.m_block, t.head, t.batch, t.split).second) << "tile " << n << " visited twice";
+    }
+  }
+}
