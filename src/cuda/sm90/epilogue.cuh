@@ -141,9 +141,9 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
 
 // Split-KV merged in the cluster (p.cluster_combine): the cluster's CTAs are the num_splits ranges of one tile,
 // `tile` (each CTA one range, its rank the range's index), and every consumer thread of each has written its
-// partial rows. The cluster barrier releases each thread's writes and acquires the others' at cluster scope
-// (global memory included; warps that have exited, the producers', are not waited for), then the consumer warps
-// of the cluster merge the tile's rows: row r by CTA r % splits, its warps in turn.
+// partial rows. The cluster barrier (the producers take part too: kernel_fwd.cu) releases each thread's writes
+// and acquires the others' at cluster scope, global memory included; then the consumer warps of the cluster merge
+// the tile's rows: row r by CTA r % splits, its warps in turn.
 template <ptx::WgmmaInput In, int Row>
 __device__ __forceinline__ void merge_tile_in_cluster(const FwdParams& p, const WorkTile& tile, int consumer) {
   using Config = FwdConfig<Row>;

@@ -66,8 +66,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     SeqGeometry geo;  // varlen: the tile's sequence; dense: unused (p's sizes and mask)
     KvTileRange range;
     if constexpr (kPublishedSequence) {
-      geo.q_row0 = sequence[0], geo.seqlen_q = sequence[1], geo.k_row0 = sequence[2], geo.seqlen_k = sequence[3];
-      geo = with_sequence_mask(p, geo);
+      geo = unpack_sequence(p, sequence);
       range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(p, tile, geo);
     } else {
       range = tile_kv_range<Config::kBlockM, Config::kBlockN, Varlen>(p, tile, geo);

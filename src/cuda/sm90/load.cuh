@@ -145,8 +145,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     SeqGeometry geo;  // varlen / KV cache: the tile's sequence
     if constexpr (Varlen && FA4_AB_SLOT_GEOMETRY) {  // the sequence goes with the index (its loads once, here)
       if (more) geo = seq_geometry(p, p.order.tile(linear));
-      int32_t* const sequence = smem.tile_sequence[tile_stage.index];
-      sequence[0] = geo.q_row0, sequence[1] = geo.seqlen_q, sequence[2] = geo.k_row0, sequence[3] = geo.seqlen_k;
+      pack_sequence(geo, smem.tile_sequence[tile_stage.index]);
     }
     smem.tile_slot[tile_stage.index] = linear;
     tile_ring.producer_commit(tile_stage);
