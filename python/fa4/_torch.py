@@ -397,8 +397,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 def _int32_metadata(call, name, t, q, rank, rows):
     """t (cache_seqlens: rank 1, page_table: rank 2) is a contiguous int32 tensor on q's device with `rows` rows."""
+    # Devices compared through is_cuda / get_device(): t.device builds a torch.device per access (host cost).
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != rank or not t.is_contiguous() \
-            or t.device != q.device or t.shape[0] != rows:
+            or t.is_cuda != q.is_cuda or t.is_cpu != q.is_cpu or (t.is_cuda and t.get_device() != q.get_device()) \
+            or t.shape[0] != rows:
         got = (f"{t.dtype} shape {list(t.shape)}{'' if t.is_contiguous() else ' non-contiguous'} on {t.device}"
                if isinstance(t, torch.Tensor) else type(t).__name__)
         layout = "[batch]" if rank == 1 else "[batch, max_pages]"
@@ -406,13 +408,10 @@ def _int32_metadata(call, name, t, q, rank, rows):
                                    f"(batch = {rows}) on {q.device}, got {got}")
 
 
-def _forward_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: Optional[torch.Tensor],
-                     v_new: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
-                     page_table: Optional[torch.Tensor], learnable_sink: Optional[torch.Tensor],
-                     softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
-                     softcap: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32. With k_new and v_new,
-    writes them into k_cache and v_cache (in place) first."""
+def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, learnable_sink, softmax_scale,
+                          causal, window_left, window_right, softcap, num_splits, need_lse):
+    """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32 (None unless need_lse: the
+    library then writes none). With k_new and v_new, writes them into k_cache and v_cache (in place) first."""
     call = "fa4.flash_attn_with_kvcache"
     q = _unit_head_dim_stride(q)
     k_new, v_new = (None if t is None else _unit_head_dim_stride(t) for t in (k_new, v_new))
@@ -421,7 +420,7 @@ def _forward_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if page_table is not None:
         _int32_metadata(call, "page_table", page_table, q, 2, q.shape[0])
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device) if need_lse else None
     # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
     # non-unit head_dim stride).
     inputs = [describe(call, name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
@@ -434,9 +433,20 @@ def _forward_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
                             sinks=_sinks(call, learnable_sink), num_splits=num_splits)
     with _device_guard(q):
-        _capi.forward_kvcache(*inputs, describe(call, "out", out), describe(call, "lse", lse), kvcache, options,
-                              None, 0, _stream(q))
+        _capi.forward_kvcache(*inputs, describe(call, "out", out), None if lse is None else describe(call, "lse", lse),
+                              kvcache, options, None, 0, _stream(q))
     return out, lse
+
+
+def _forward_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k_new: Optional[torch.Tensor],
+                     v_new: Optional[torch.Tensor], cache_seqlens: Optional[torch.Tensor],
+                     page_table: Optional[torch.Tensor], learnable_sink: Optional[torch.Tensor],
+                     softmax_scale: Optional[float], causal: bool, window_left: int, window_right: int,
+                     softcap: float, num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32. With k_new and v_new,
+    writes them into k_cache and v_cache (in place) first."""
+    return _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page_table, learnable_sink,
+                                 softmax_scale, causal, window_left, window_right, softcap, num_splits, True)
 
 
 forward_kvcache_op = torch.library.custom_op("fa4::forward_kvcache", mutates_args=("k_cache", "v_cache"),
@@ -493,7 +503,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
     if _plain_call((q, k_cache, v_cache, k, v, cache_seqlens, page_table, learnable_sink)):
         # The op's dispatch (its in-place bookkeeping included) costs more host time than the call itself: the
         # caches' version counters are bumped here instead, as the op would after writing them.
-        out, lse = _forward_kvcache(*args)
+        out, lse = _forward_kvcache_impl(*args, need_lse=bool(return_softmax_lse))
         if k is not None:
             torch.autograd.graph.increment_version((k_cache, v_cache))
     else:
