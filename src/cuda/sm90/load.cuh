@@ -121,6 +121,8 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
   using Ring = cuda::Pipeline<Config::kStages>;
+  // A/B (perf-log F21): a paged tile's page indices read one K/V tile ahead (only where pages can exist).
+  constexpr bool kPagesAhead = Varlen && FA4_AB_PAGES_AHEAD;
   if (!ptx::elect_one_sync()) return;
   trace::Recorder rec(FA4_TRACE_SINK(p), kFwdTraceLoadWriter, true);
 
@@ -166,11 +168,12 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     if (range.empty()) continue;  // the consumers write zeros without waiting for anything
     const int32_t kv_head = tile.head / p.group;
     // One K or V tile into its ring (K and V rings step together, on kv_stage).
-    TilePages<Config::kBlockN> pages;  // the current K/V tile's pages (paged caches)
+    using Pages = TilePages<Config::kBlockN>;
+    Pages pages;  // the current K/V tile's pages (paged caches)
     auto load_kv = [&](const Ring& ring, uint8_t (&tiles)[Config::kStages][Config::kKvTileBytes],
                        const CUtensorMap* map, const CUtensorMap* map16, const CUtensorMap* map1, int32_t head_step,
-                       int32_t batch_step, int32_t n_block, decltype(kv_stage) stage) {
-      if constexpr (Varlen)
+                       int32_t batch_step, int32_t n_block, decltype(kv_stage) stage, const Pages& tile_pages) {
+      if constexpr (Varlen && !kPagesAhead)
         if (map16 == nullptr) pages.read(p, geo, tile.batch, n_block);  // K's load comes first: read for both
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       ring.producer_acquire(stage);
@@ -180,19 +183,20 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
         load_kv_tile_in_sequence<HeadDim, Config::kBlockN>(tiles[stage.index], p, geo, map, map16, map1,
                                                            kv_head * head_step, tile.batch, tile.batch * batch_step,
                                                            n_block, ring.full_barrier(stage),
-                                                           &pages);
+                                                           &tile_pages);
       } else {
         (void)map16, (void)map1;
         load_tile<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
                                             tile.batch * batch_step, ring.full_barrier(stage));
       }
     };
-    auto load_k = [&](int32_t n_block, decltype(kv_stage) stage) {
-      load_kv(k_ring, smem.k, &p.k_map, nullptr, nullptr, p.k_head_step, p.k_batch_step, n_block, stage);
+    auto load_k = [&](int32_t n_block, decltype(kv_stage) stage, const Pages& tile_pages) {
+      load_kv(k_ring, smem.k, &p.k_map, nullptr, nullptr, p.k_head_step, p.k_batch_step, n_block, stage, tile_pages);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
     };
-    auto load_v = [&](int32_t n_block, decltype(kv_stage) stage) {
-      load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block, stage);
+    auto load_v = [&](int32_t n_block, decltype(kv_stage) stage, const Pages& tile_pages) {
+      load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block, stage,
+              tile_pages);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::v);
     };
     auto load_q = [&] {
@@ -207,13 +211,33 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     // With two Q stages the next tile's Q has a free stage while this tile's K/V still fill the rings: it goes
     // first, not behind a wait for K's stage. With one, K first (Q's stage frees only at the last S).
     if constexpr (Config::kQStages > 1) load_q();
-    load_k(range.begin, kv_stage);
-    if constexpr (Config::kQStages == 1) load_q();
-    load_v(range.begin, kv_stage);
-    ++kv_stage;
-    for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block, ++kv_stage) {
-      load_k(n_block, kv_stage);
-      load_v(n_block, kv_stage);
+    if constexpr (kPagesAhead) {
+      // Tile n's K and V issued from `cur`, tile n + 1's page indices read into `next` between them: their load
+      // runs under V's stage wait and the next K's, not on the path from K's stage release to its issue. Two
+      // named copies swapped by unrolling the loop by two (a copy from one into the other would wait for the load).
+      Pages other;
+      pages.read(p, geo, tile.batch, range.begin);
+      auto step = [&](int32_t n_block, const Pages& cur, Pages& next) {
+        load_k(n_block, kv_stage, cur);
+        if constexpr (Config::kQStages == 1)
+          if (n_block == range.begin) load_q();
+        if (n_block + 1 < range.end) next.read(p, geo, tile.batch, n_block + 1);
+        load_v(n_block, kv_stage, cur);
+        ++kv_stage;
+      };
+      for (int32_t n_block = range.begin; n_block < range.end; n_block += 2) {
+        step(n_block, pages, other);
+        if (n_block + 1 < range.end) step(n_block + 1, other, pages);
+      }
+    } else {
+      load_k(range.begin, kv_stage, pages);
+      if constexpr (Config::kQStages == 1) load_q();
+      load_v(range.begin, kv_stage, pages);
+      ++kv_stage;
+      for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block, ++kv_stage) {
+        load_k(n_block, kv_stage, pages);
+        load_v(n_block, kv_stage, pages);
+      }
     }
   }
 }
