@@ -6,6 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#if FA4_AB_PAGES_AHEAD
+#include <cuda_pipeline_primitives.h>
+#endif
 
 #include "cuda/pipeline/pipeline.cuh"
 #include "cuda/ptx/elect.cuh"
@@ -55,6 +58,39 @@ struct TilePages {
     return r;
   }
 };
+
+#if FA4_AB_PAGES_AHEAD
+// F21: the page indices of one K/V tile in shared memory (two slots, by the tile's parity), fetched by cp.async one
+// tile before they are used. Only the producer's elected thread touches them: its cp.async wait makes its own
+// copies visible to it, and a slot is refilled (tile n + 2) only after tile n's K and V issues have read it.
+template <int BlockN>
+struct PagesAhead {
+  static constexpr int kMaxBoxes = BlockN / 16;
+  int32_t (*slots)[kMaxBoxes];
+  __device__ __forceinline__ void fetch(const FwdParams& p, const SeqGeometry& geo, int32_t batch, int32_t n_block) {
+    if (p.page_table == nullptr) return;
+    int32_t* slot = slots[n_block & 1];
+    const int32_t key0 = n_block * BlockN, valid = geo.seqlen_k - key0;
+    const int32_t* row = p.page_table + int64_t(batch) * p.page_table_stride;
+#pragma unroll
+    for (int i = 0; i < kMaxBoxes; ++i)
+      if (i * p.kv_box_rows < BlockN && i * p.kv_box_rows < valid)
+        __pipeline_memcpy_async(slot + i, row + (key0 + i * p.kv_box_rows) / p.page_size, sizeof(int32_t));
+    __pipeline_commit();
+  }
+  // Tile n_block's indices: its fetch is the only one in flight (the next is issued after this), so waiting for
+  // all of them waits for nothing else. Boxes without keys read whatever the slot holds; they are never looked up.
+  __device__ __forceinline__ TilePages<BlockN> get(const FwdParams& p, int32_t n_block) const {
+    TilePages<BlockN> t{};
+    if (p.page_table == nullptr) return t;
+    __pipeline_wait_prior(0);
+    const int32_t* slot = slots[n_block & 1];
+#pragma unroll
+    for (int i = 0; i < kMaxBoxes; ++i) t.page[i] = slot[i];
+    return t;
+  }
+};
+#endif
 
 template <int HeadDim, int BlockN>
 __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const FwdParams& p, const SeqGeometry& geo,
@@ -212,23 +248,22 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     // first, not behind a wait for K's stage. With one, K first (Q's stage frees only at the last S).
     if constexpr (Config::kQStages > 1) load_q();
     if constexpr (kPagesAhead) {
-      // Tile n's K and V issued from `cur`, tile n + 1's page indices read into `next` between them: their load
-      // runs under V's stage wait and the next K's, not on the path from K's stage release to its issue. Two
-      // named copies swapped by unrolling the loop by two (a copy from one into the other would wait for the load).
-      Pages other;
-      pages.read(p, geo, tile.batch, range.begin);
-      auto step = [&](int32_t n_block, const Pages& cur, Pages& next) {
-        load_k(n_block, kv_stage, cur);
+#if FA4_AB_PAGES_AHEAD
+      // Tile n + 1's page indices fetched into shared memory by cp.async between tile n's K and V issues, so
+      // their load runs under V(n)'s stage wait and K(n + 1)'s instead of on the path from K's stage release to
+      // its issue; no register holds them in flight (the producer's 40 registers spilled a second copy, and the
+      // spill's store waited for the load).
+      PagesAhead<Config::kBlockN> ahead{smem.kv_pages};
+      ahead.fetch(p, geo, tile.batch, range.begin);
+      for (int32_t n_block = range.begin; n_block < range.end; ++n_block, ++kv_stage) {
+        pages = ahead.get(p, n_block);
+        load_k(n_block, kv_stage, pages);
         if constexpr (Config::kQStages == 1)
           if (n_block == range.begin) load_q();
-        if (n_block + 1 < range.end) next.read(p, geo, tile.batch, n_block + 1);
-        load_v(n_block, kv_stage, cur);
-        ++kv_stage;
-      };
-      for (int32_t n_block = range.begin; n_block < range.end; n_block += 2) {
-        step(n_block, pages, other);
-        if (n_block + 1 < range.end) step(n_block + 1, other, pages);
+        if (n_block + 1 < range.end) ahead.fetch(p, geo, tile.batch, n_block + 1);
+        load_v(n_block, kv_stage, pages);
       }
+#endif
     } else {
       load_k(range.begin, kv_stage, pages);
       if constexpr (Config::kQStages == 1) load_q();

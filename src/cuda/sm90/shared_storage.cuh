@@ -31,6 +31,10 @@ struct FwdSharedStorage {
   // With FA4_AB_SLOT_GEOMETRY, the instances with per-sequence geometry: the slot's tile's sequence, as the
   // producer loaded it (kTileSequenceFields of SeqGeometry's fields).
   int32_t tile_sequence[FA4_AB_SLOT_GEOMETRY ? kTileRingStages : 1][kTileSequenceFields];
+#if FA4_AB_PAGES_AHEAD
+  // F21: a paged K/V tile's page indices, fetched a tile ahead by the producer (cp.async), two tiles' worth.
+  alignas(16) int32_t kv_pages[2][Config::kBlockN / 16];
+#endif
 };
 
 // Bytes to request at launch: the struct plus the slack that lets the kernel round the base up to 1024.
