@@ -39,7 +39,8 @@ void check_shape(std::mt19937_64& rng, int cases) {
 TEST(TileVisibility, ClosedFormRunIsTheDefinition) {
   std::mt19937_64 rng(42);
   check_shape<128, 128>(rng, 400);  // d = 64 short, d = 128
-  check_shape<192, 112>(rng, 400);  // d = 64 long
+  check_shape<192, 128>(rng, 400);  // d = 64 long
+  check_shape<192, 112>(rng, 400);  // a block_n that is not a power of two
   check_shape<64, 128>(rng, 400);   // d = 128 decode
   check_shape<128, 96>(rng, 400);   // d = 192
   check_shape<128, 64>(rng, 400);   // d = 256

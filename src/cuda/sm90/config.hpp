@@ -7,8 +7,8 @@
 // producer warp loads by TMA into rings of `stages` tiles; the warpgroups take turns on the tensor core
 // (round-robin ping-pong, named barriers below) and each overlaps its softmax with its own P·V
 // (mma_softmax.cuh). d = 64 has three: its softmax costs twice as much per FLOP, and with two the tensor
-// core idled while both were in softmax (0.7–0.8× cuDNN, perf-log G6); three fit 160 registers each only
-// with 112-key tiles (128 spilled). Up to 1024 queries d = 64 keeps two (block_m 128): a 192-row tile pads
+// core idled while both were in softmax (0.7–0.8× cuDNN, perf-log G6); three have 160 registers each, with which
+// 128-key tiles spill two words per step and still beat 112-key tiles (no spill) by 2-6% (perf-log F18). Up to 1024 queries d = 64 keeps two (block_m 128): a 192-row tile pads
 // 12.5% of the rows at s = 512 and 1k and lost 5–16% there (perf-log G9). Up to 64 queries (decode: a GQA
 // group's query heads packed as rows) d = 128 has one consumer warpgroup, no turns and no setmaxnreg: the second
 // warpgroup of a 128-row tile had no real row, and still cost its GEMMs and softmax on every K/V tile, which
@@ -19,7 +19,7 @@
 //
 // | head_dim | seqlen_q | block_m | block_n | stages | smem (Q + 2·stages K/V tiles) | accumulator regs / thread |
 // |    64    |  ≤ 1024  |   128   |   128   |   3    | 16 + 6·16 = 112 KiB           | 64 + 32 + 32 = 128        |
-// |    64    |  > 1024  |   192   |   112   |   3    | 24 + 6·14 = 108 KiB           | 56 + 28 + 32 = 116        |
+// |    64    |  > 1024  |   192   |   128   |   3    | 24 + 6·16 = 120 KiB           | 64 + 32 + 32 = 128        |
 // |   128    |   ≤ 64   |    64   |   128   |   3    | 16 + 6·32 = 208 KiB           | 64 + 32 + 64 = 160        |
 // |   128    |   > 64   |   128   |   128   |   2    | 32 + 4·32 = 160 KiB           | 64 + 32 + 64 = 160        |
 // |   192    |   any    |   128   |    96   |   2    | 48 + 4·36 = 192 KiB           | 48 + 24 + 96 = 168        |
@@ -40,11 +40,6 @@
 // (The d = 128 row's K/V ring at 3 stages, O staged in Q's rows, measured level with 2: perf-log F10-F14 outcome.)
 #ifndef FA4_AB_D256_NO_TURNS
 #define FA4_AB_D256_NO_TURNS 0
-#endif
-// A/B candidate (off by default; perf-log F18): the d = 64 192-row with 128-key tiles (FlashAttention-4's Hopper
-// plan) instead of 112: 12.5% fewer steps per FLOP; ptxas: its steady step reloads 2 spilled words (112: none).
-#ifndef FA4_AB_D64_N128
-#define FA4_AB_D64_N128 0
 #endif
 // A/B candidate (off by default; perf-log F19): two Q tiles in flight where they fit beside O's own staging (the
 // d = 64 rows and the two-consumer d = 128 row), so the next work tile's Q loads while this one still runs.
@@ -79,7 +74,9 @@ struct FwdTile {
 
 inline constexpr FwdTile kFwdTiles[] = {
     {64, 128, 128, 3, 1024},
-    {64, 192, FA4_AB_D64_N128 ? 128 : 112, 3, 0},
+    // 128-key tiles (FlashAttention-4's Hopper plan), not 112: +2-6% at 2k-8k on the H100 though its steady step
+    // reloads two spilled words (perf-log F18).
+    {64, 192, 128, 3, 0},
     {128, 64, 128, 3, 64},
     {128, 128, 128, 2, 0},
     {192, 128, 96, 2, 0},
