@@ -46,12 +46,6 @@
 #ifndef FA4_AB_Q_STAGES
 #define FA4_AB_Q_STAGES 1
 #endif
-// A/B candidate (off by default; perf-log F20): the instances with per-sequence geometry (varlen, KV cache) publish
-// each tile's sequence offsets and sizes with its index, loaded once by the producer ahead of time, instead of each
-// consumer warp loading them from global memory at the tile's start.
-#ifndef FA4_AB_SLOT_GEOMETRY
-#define FA4_AB_SLOT_GEOMETRY 0
-#endif
 // A/B candidate (off by default; perf-log F21): the producer of the instances with per-sequence geometry reads a
 // paged tile's page indices one K/V tile ahead (between the tile before's K and V issues), not just before the
 // tile's own K stage wait.
@@ -60,7 +54,6 @@
 #endif
 static_assert(FA4_AB_PAGES_AHEAD == 0 || FA4_AB_PAGES_AHEAD == 1, "FA4_AB_PAGES_AHEAD: 0 or 1");
 static_assert(FA4_AB_Q_STAGES == 1 || FA4_AB_Q_STAGES == 2, "FA4_AB_Q_STAGES: 1 or 2");
-static_assert(FA4_AB_SLOT_GEOMETRY == 0 || FA4_AB_SLOT_GEOMETRY == 1, "FA4_AB_SLOT_GEOMETRY: 0 or 1");
 
 namespace fa4::sm90 {
 

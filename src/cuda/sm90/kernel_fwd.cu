@@ -47,16 +47,8 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     // with the producer's next write. The release follows the shuffle so that every lane has finished its wait
     // on this phase of the slot before the producer can refill it.
     int32_t linear = 0;
-    int32_t sequence[kTileSequenceFields] = {};  // FA4_AB_SLOT_GEOMETRY: the tile's sequence, as published
-    constexpr bool kPublishedSequence = Varlen && FA4_AB_SLOT_GEOMETRY;
-    if (threadIdx.x % 32 == 0) {
-      linear = smem.tile_slot[tile_stage.index];
-      if constexpr (kPublishedSequence)
-        for (int f = 0; f < kTileSequenceFields; ++f) sequence[f] = smem.tile_sequence[tile_stage.index][f];
-    }
+    if (threadIdx.x % 32 == 0) linear = smem.tile_slot[tile_stage.index];
     linear = __shfl_sync(0xffffffffu, linear, 0);
-    if constexpr (kPublishedSequence)
-      for (int f = 0; f < kTileSequenceFields; ++f) sequence[f] = __shfl_sync(0xffffffffu, sequence[f], 0);
     if (threadIdx.x % 32 == 0) tile_ring.consumer_release(tile_stage);
     ++tile_stage;
     if (linear >= p.order.num_tiles()) break;
@@ -64,13 +56,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, linear);
     const WorkTile tile = p.order.tile(linear);
     SeqGeometry geo;  // varlen: the tile's sequence; dense: unused (p's sizes and mask)
-    KvTileRange range;
-    if constexpr (kPublishedSequence) {
-      geo = unpack_sequence(p, sequence);
-      range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(p, tile, geo);
-    } else {
-      range = tile_kv_range<Config::kBlockM, Config::kBlockN, Varlen>(p, tile, geo);
-    }
+    const KvTileRange range = tile_kv_range<Config::kBlockM, Config::kBlockN, Varlen>(p, tile, geo);
     ptx::WgmmaAccumulator<Config::kHeadDim> o;
     RowState rows = initial_rows(p, tile.head);
     if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf (or the sink); nothing loaded

@@ -147,7 +147,7 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
   }
 }
 
-// Per tile: publish the tile index (and, under FA4_AB_SLOT_GEOMETRY, its sequence); then (unless no key is visible
+// Per tile: publish the tile index; then (unless no key is visible
 // to any of its rows) the first K, Q (once the consumers have released the previous Q), the first V, and the
 // remaining K/V pairs. The first K goes before Q so that it streams while the consumers finish the previous tile;
 // with two Q stages Q goes first (its stage is free a tile ahead).
@@ -179,24 +179,19 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
     tile_ring.producer_acquire(tile_stage);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
-    const bool more = linear < p.order.num_tiles();
-    SeqGeometry geo;  // varlen / KV cache: the tile's sequence
-    if constexpr (Varlen && FA4_AB_SLOT_GEOMETRY) {  // the sequence goes with the index (its loads once, here)
-      if (more) geo = seq_geometry(p, p.order.tile(linear));
-      pack_sequence(geo, smem.tile_sequence[tile_stage.index]);
-    }
     smem.tile_slot[tile_stage.index] = linear;
     tile_ring.producer_commit(tile_stage);
     ++tile_stage;
-    if (!more) {
+    if (linear >= p.order.num_tiles()) {
       FA4_TRACE_FINISH(rec);
       return;
     }
 
     const WorkTile tile = p.order.tile(linear);
     KvTileRange range;
+    SeqGeometry geo;  // varlen / KV cache: the tile's sequence
     if constexpr (Varlen) {  // tile_kv_range spelled out: through it the dense producer's SASS changes (d = 128)
-      if constexpr (!FA4_AB_SLOT_GEOMETRY) geo = seq_geometry(p, tile);
+      geo = seq_geometry(p, tile);
       range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(p, tile, geo);
     } else {
       range = kv_tile_range<Config::kBlockM, Config::kBlockN>(p, tile);

@@ -49,17 +49,6 @@ __device__ __forceinline__ SeqGeometry with_sequence_mask(const FwdParams& p, Se
   return g;
 }
 
-// A sequence's offsets and sizes as the tile ring carries them (FA4_AB_SLOT_GEOMETRY: shared_storage.cuh's
-// tile_sequence, kTileSequenceFields words), and back with its mask.
-__device__ __forceinline__ void pack_sequence(const SeqGeometry& g, int32_t* fields) {
-  fields[0] = g.q_row0, fields[1] = g.seqlen_q, fields[2] = g.k_row0, fields[3] = g.seqlen_k;
-}
-__device__ __forceinline__ SeqGeometry unpack_sequence(const FwdParams& p, const int32_t* fields) {
-  SeqGeometry g;
-  g.q_row0 = fields[0], g.seqlen_q = fields[1], g.k_row0 = fields[2], g.seqlen_k = fields[3];
-  return with_sequence_mask(p, g);
-}
-
 // The sequence a tile belongs to (seq_geometry.hpp). A dense kernel reads p directly, as before; only the Varlen
 // instances load the offsets.
 // A KV-cache call (cu_seqlens null) has dense queries and a cache per sequence: offsets 0, the sequence's keys

@@ -13,7 +13,6 @@
 namespace fa4::sm90 {
 
 inline constexpr int kTileRingStages = 2;  // tile indices published ahead by the producer
-inline constexpr int kTileSequenceFields = 4;  // q_row0, seqlen_q, k_row0, seqlen_k
 
 template <int Row>
 struct FwdSharedStorage {
@@ -28,9 +27,6 @@ struct FwdSharedStorage {
   cuda::PipelineBarriers<Config::kQStages> q_ring;  // load -> mma: Q landed / every consumer done with it
   cuda::PipelineBarriers<kTileRingStages> tile_ring;  // load -> mma: the next work tile's index is published
   int32_t tile_slot[kTileRingStages];              // linear tile index; >= num_tiles: no more work
-  // With FA4_AB_SLOT_GEOMETRY, the instances with per-sequence geometry: the slot's tile's sequence, as the
-  // producer loaded it (kTileSequenceFields of SeqGeometry's fields).
-  int32_t tile_sequence[FA4_AB_SLOT_GEOMETRY ? kTileRingStages : 1][kTileSequenceFields];
 #if FA4_AB_PAGES_AHEAD
   // F21: a paged K/V tile's page indices, fetched a tile ahead by the producer (cp.async), two tiles' worth.
   alignas(16) int32_t kv_pages[2][Config::kBlockN / 16];
