@@ -41,11 +41,6 @@
 #ifndef FA4_AB_D256_NO_TURNS
 #define FA4_AB_D256_NO_TURNS 0
 #endif
-// A/B candidate (off by default; perf-log F19): two Q tiles in flight where they fit beside O's own staging (the
-// d = 64 rows and the two-consumer d = 128 row), so the next work tile's Q loads while this one still runs.
-#ifndef FA4_AB_Q_STAGES
-#define FA4_AB_Q_STAGES 1
-#endif
 // A/B candidate (off by default; perf-log F21): the producer of the instances with per-sequence geometry reads a
 // paged tile's page indices one K/V tile ahead (between the tile before's K and V issues), not just before the
 // tile's own K stage wait.
@@ -53,7 +48,6 @@
 #define FA4_AB_PAGES_AHEAD 0
 #endif
 static_assert(FA4_AB_PAGES_AHEAD == 0 || FA4_AB_PAGES_AHEAD == 1, "FA4_AB_PAGES_AHEAD: 0 or 1");
-static_assert(FA4_AB_Q_STAGES == 1 || FA4_AB_Q_STAGES == 2, "FA4_AB_Q_STAGES: 1 or 2");
 
 namespace fa4::sm90 {
 
@@ -163,18 +157,13 @@ struct FwdConfig {
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;
   static constexpr uint32_t kKvTileBytes = uint32_t(kBlockN) * kHeadDim * kElementBytes;
   static constexpr uint32_t kOTileBytes = kQTileBytes;
-  // Q tiles in flight: one, or two under FA4_AB_Q_STAGES=2 where both fit beside the K/V rings and O's own
-  // staging (then the next work tile's Q loads as soon as the producer reaches it, not after this tile's last S).
-  static constexpr int kQStages =
-      FA4_AB_Q_STAGES >= 2 &&
-              2u * kQTileBytes + 2u * kStages * kKvTileBytes + kOTileBytes + 2048 + kSmemAlignSlack <= kSmemPerBlockMax
-          ? 2
-          : 1;
+  // Q tiles in flight: one. A second where it fits (the next work tile's Q loading while this one runs) measured
+  // level at 2k-8k and 1-4% slower at 512-1k (perf-log F19).
+  static constexpr int kQStages = 1;
   static constexpr uint32_t kTileBytes = kQStages * kQTileBytes + 2u * kStages * kKvTileBytes;
   // O is staged for its TMA store in a buffer of its own when one fits (then Q is free, and the next tile's Q
   // can load, as soon as the last S is computed), else in the warpgroup's rows of the Q tile.
   static constexpr bool kSeparateOStaging = kTileBytes + kOTileBytes + 2048 + kSmemAlignSlack <= kSmemPerBlockMax;
-  static_assert(kQStages == 1 || kSeparateOStaging, "O staged in Q's rows assumes Q's single stage");
 
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
                 "one consumer warpgroup, or two or three taking round-robin turns (NamedBarrier ids)");

@@ -1,5 +1,5 @@
 // Load role: one producer warp; one elected lane walks the CTA's work tiles (TileScheduler), publishes each to
-// the consumers, and issues every TMA: Q into its ring (one stage; two under FA4_AB_Q_STAGES), and for each
+// the consumers, and issues every TMA: Q into its ring (one stage), and for each
 // visible K/V tile a K load into the K ring and a V load into the V ring, each stage acquired from its Pipeline
 // (blocks while the consumers still read it) and armed with the exact byte count it will receive.
 // A tile that runs past seqlen_k (or a Q tile past seqlen_q) is zero-filled by TMA; the bytes still count.
@@ -147,10 +147,9 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
   }
 }
 
-// Per tile: publish the tile index; then (unless no key is visible
-// to any of its rows) the first K, Q (once the consumers have released the previous Q), the first V, and the
-// remaining K/V pairs. The first K goes before Q so that it streams while the consumers finish the previous tile;
-// with two Q stages Q goes first (its stage is free a tile ahead).
+// Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once the
+// consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q so
+// that it streams while the consumers finish the previous tile.
 // Varlen: a tile's rows and keys start at its sequence's offsets in the packed tensors (mapped as batch 1).
 template <int Row, bool Varlen>
 __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<Row>& smem) {
@@ -239,9 +238,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
       ++q_stage;
     };
-    // With two Q stages the next tile's Q has a free stage while this tile's K/V still fill the rings: it goes
-    // first, not behind a wait for K's stage. With one, K first (Q's stage frees only at the last S).
-    if constexpr (Config::kQStages > 1) load_q();
+    // K first: Q's stage frees only at the previous tile's last S.
     if constexpr (kPagesAhead) {
 #if FA4_AB_PAGES_AHEAD
       // Tile n + 1's page indices fetched into shared memory by cp.async between tile n's K and V issues, so
@@ -253,15 +250,14 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       for (int32_t n_block = range.begin; n_block < range.end; ++n_block, ++kv_stage) {
         pages = ahead.get(p, n_block);
         load_k(n_block, kv_stage, pages);
-        if constexpr (Config::kQStages == 1)
-          if (n_block == range.begin) load_q();
+        if (n_block == range.begin) load_q();
         if (n_block + 1 < range.end) ahead.fetch(p, geo, tile.batch, n_block + 1);
         load_v(n_block, kv_stage, pages);
       }
 #endif
     } else {
       load_k(range.begin, kv_stage, pages);
-      if constexpr (Config::kQStages == 1) load_q();
+      load_q();
       load_v(range.begin, kv_stage, pages);
       ++kv_stage;
       for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block, ++kv_stage) {

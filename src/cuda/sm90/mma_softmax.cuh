@@ -259,7 +259,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const int64_t row[2] = {row0, row0 + 8};
   const int col_base = 2 * (thread % 4);
 
-  uint8_t* const q_tile = Config::kQStages == 1 ? smem.q[0] : smem.q[ptx::warp_uniform(int(st.q.index))];
+  static_assert(Config::kQStages == 1, "one Q stage: its tile is smem.q[0]");
+  uint8_t* const q_tile = smem.q[0];
   const uint32_t q_rows =
       static_cast<uint32_t>(__cvta_generic_to_shared(q_tile)) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
   constexpr uint32_t kQChunkBytes = uint32_t(kBlockM) * ptx::kSw128RowBytes;
