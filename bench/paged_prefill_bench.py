@@ -8,6 +8,8 @@ Shapes: bf16, 32 query / 8 kv heads, d = 128, causal (bottom-right: the chunk is
 Implementations:
   fa4-paged<P>    flash_attn_with_kvcache(q, k_pages, v_pages, cache_seqlens=..., page_table=...), P-row pages
                   (the kernel loads min(P, 128)-row boxes: 64-row pages take twice the TMA boxes of the others)
+  fa4-paged<P>-ordered   with --ordered: the same pages in order (page table = identity), which tells the page
+                  walk's locality (TLB, DRAM pages) from the paged loads' own cost
   fa4-kvcache     flash_attn_with_kvcache(q, k, v, cache_seqlens=...) on the contiguous cache
   fa4-dense       flash_attn_func(q, k, v, causal=True) on the same keys
 TFLOP/s: 4·d per visible (query, key) pair, per second; ratio_to_dense = TFLOP/s / fa4-dense's.
@@ -64,6 +66,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", type=parse_shapes, default=parse_shapes(DEFAULT_SHAPES))
     ap.add_argument("--page-sizes", type=parse_pages, default=parse_pages(DEFAULT_PAGES))
+    ap.add_argument("--ordered", action="store_true", help="also each page size with its pages in order")
     ap.add_argument("--calls", type=int, default=10)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--commit", default="unknown")
@@ -86,15 +89,17 @@ def main():
         fns = {"fa4-dense": lambda: fa4.flash_attn_func(q, k, v, causal=True),
                "fa4-kvcache": lambda: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens, causal=True)}
         paged = {}  # page size -> (k_pages, v_pages, table), pages in a random order
-        for page in a.page_sizes:
+        for page, ordered in [(p, o) for p in a.page_sizes for o in ((False, True) if a.ordered else (False,))]:
             pages = batch * sk // page
-            order = torch.randperm(pages, device="cuda", generator=gen)
+            order = (torch.arange(pages, device="cuda") if ordered
+                     else torch.randperm(pages, device="cuda", generator=gen))
             k_pages = torch.empty(pages, page, HEADS_KV, D, device="cuda", dtype=torch.bfloat16)
             v_pages = torch.empty_like(k_pages)
             k_pages[order], v_pages[order] = k.view(pages, page, HEADS_KV, D), v.view(pages, page, HEADS_KV, D)
-            paged[page] = (k_pages, v_pages, order.to(torch.int32).view(batch, sk // page))
-            fns[f"fa4-paged{page}"] = (lambda kp, vp, t: lambda: fa4.flash_attn_with_kvcache(
-                q, kp, vp, cache_seqlens=lens, page_table=t, causal=True))(*paged[page])
+            name = f"fa4-paged{page}" + ("-ordered" if ordered else "")
+            paged[name] = (k_pages, v_pages, order.to(torch.int32).view(batch, sk // page))
+            fns[name] = (lambda kp, vp, t: lambda: fa4.flash_attn_with_kvcache(
+                q, kp, vp, cache_seqlens=lens, page_table=t, causal=True))(*paged[name])
         pairs = batch * HEADS * (sq * (sk - sq) + sq * (sq + 1) // 2)
         with torch.no_grad():
             want = fns["fa4-dense"]().float()
@@ -113,12 +118,15 @@ def main():
                 ratio = tflops / dense_tflops if dense_tflops else float("nan")
                 rows.append({"impl": impl, "pass": "fwd-kvcache", "dtype": "bf16", "d": D, "batch": batch,
                              "heads": HEADS, "heads_kv": HEADS_KV, "seqlen_q": sq, "seqlen_k": sk,
-                             "page_size": int(impl[len("fa4-paged"):]) if impl.startswith("fa4-paged") else 0,
+                             "page_size": int(impl[len("fa4-paged"):].split("-")[0]) if impl.startswith("fa4-paged")
+                             else 0, "pages_ordered": impl.endswith("-ordered"),
                              "ms": round(ms, 4),
                              "tflops": round(tflops, 1), "ratio_to_dense": round(ratio, 3)})
                 print(f"{label}: {ms:.3f} ms, {tflops:.0f} TFLOP/s, {ratio:.2f} of dense", flush=True)
         del q, k, v, paged, fns
         torch.cuda.empty_cache()
+    suffixes = ("", "-ordered") if a.ordered else ("",)
+    paged_names = [f"fa4-paged{p}{suffix}" for p in a.page_sizes for suffix in suffixes]
     date = datetime.date.today().isoformat()
     os.makedirs(a.out, exist_ok=True)
     stem = os.path.join(a.out, f"{date}-{a.commit[:7]}-paged-prefill")
@@ -128,14 +136,14 @@ def main():
              f"bf16, d = {D}, {HEADS}/{HEADS_KV} heads, causal; a chunk of s_q queries against s_k cached keys; "
              f"median of {a.reps} × {a.calls} calls.", "",
              "| batch | s_k | s_q | fa4-dense TFLOP/s | fa4-kvcache (/ dense) | "
-             + " | ".join(f"fa4-paged{p} (/ dense)" for p in a.page_sizes) + " |",
-             "|---|---|---|---|---|" + "---|" * len(a.page_sizes)]
+             + " | ".join(f"{n} (/ dense)" for n in paged_names) + " |",
+             "|---|---|---|---|---|" + "---|" * len(paged_names)]
     for batch, sk, sq in a.shapes:
         cell = {}
         for r in rows:
             if (r["batch"], r["seqlen_k"], r["seqlen_q"]) == (batch, sk, sq):
                 cell[r["impl"]] = f"{r['tflops']:.0f}" + ("" if r["impl"] == "fa4-dense" else f" ({r['ratio_to_dense']:.2f})")
-        impls = ["fa4-dense", "fa4-kvcache"] + [f"fa4-paged{p}" for p in a.page_sizes]
+        impls = ["fa4-dense", "fa4-kvcache"] + paged_names
         lines.append(f"| {batch} | {sk} | {sq} | " + " | ".join(cell.get(i, "—") for i in impls) + " |")
     lines += [""] + [f"- {n}" for n in notes]
     with open(stem + ".md", "w") as f:
