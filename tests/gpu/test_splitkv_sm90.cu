@@ -3,7 +3,8 @@
 // key tiles, the fill rule (num_splits = 0) on decode shapes, packed decode (one query, the group's heads as a
 // tile's rows) with and without masks, sinks joining in the combine, a caller's NaN-poisoned workspace and a
 // too-small one, stride-0 query heads (not packed), bitwise repeatability, and the merge inside the forward's
-// cluster (FA4_FWD_CLUSTER_COMBINE) against the combine kernel's bits. Outputs start NaN-poisoned.
+// cluster (FA4_FWD_CLUSTER_COMBINE) and by the last range (FA4_AB_LAST_CTA_MERGE builds) against the combine kernel's
+// bits. Outputs start NaN-poisoned.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -13,6 +14,7 @@
 #include <vector>
 
 #include "api/validate.hpp"
+#include "cuda/sm90/config.hpp"
 #include "cpu/reference.hpp"
 #include "fa4/fa4.hpp"
 #include "gpu_test_util.hpp"
@@ -294,53 +296,65 @@ void kernels_in_forward(const SplitCase& c, size_t* kernels) {
   cudaFree(ws);
 }
 
-// FA4_FWD_CLUSTER_COMBINE=1: a tile's ranges run as one cluster and merge in the forward (one launch, no combine
-// kernel), with the combine kernel's bits (the same merge of the same partials) and right against the reference:
-// every compiled instance, packed decode and unpacked rows, masks, softcap, sinks, lse, cluster sizes 2 .. 16 (the
-// fill rule's 16 at b = 1, s_k = 4096, 32/8), ranges left empty, and a split too large for a cluster (the
-// combine kernel then, two launches).
-TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
-  REQUIRE_SM90();
-  uint64_t seed = 7000;
-  auto check = [&](SplitCase c, int launches) {  // launches < 0: whatever the plan makes
-    // A poisoned workspace of the caller's, so a merge reading a partial before its range wrote it reads NaN,
-    // not what an earlier run left in memory the allocator hands out again.
-    c.caller_workspace = true;
-    SCOPED_TRACE(c.name());
-    SplitRun base;
-    {
-      const EnvOverride off("FA4_FWD_CLUSTER_COMBINE", "0");
-      base = run_split_case(c, /*with_reference=*/false);
-    }
-    const EnvOverride on("FA4_FWD_CLUSTER_COMBINE", "1");
-    check_split_case(c);
-    const SplitRun merged = run_split_case(c, /*with_reference=*/false);
-    EXPECT_TRUE(merged.out_bytes == base.out_bytes) << "out differs from the combine kernel's";
-    EXPECT_TRUE(merged.lse_bytes == base.lse_bytes) << "lse differs from the combine kernel's";
-    if (launches < 0) return;
-    size_t kernels = 0;
-    kernels_in_forward(c, &kernels);
-    EXPECT_EQ(kernels, size_t(launches)) << "kernel launches of the call";
-  };
+// A merge inside the forward (environment `env` = 1) against the combine kernel (`env` = 0) on one case: the same
+// bits (the same merge of the same partials) and right against the reference; with launches >= 0, that many kernels
+// in the call. The workspace is the caller's and NaN-poisoned, so a merge reading a partial before its range wrote
+// it reads NaN, not what an earlier run left in memory the allocator hands out again.
+void check_merge_against_the_combine_kernel(const char* env, SplitCase c, int launches) {
+  c.caller_workspace = true;
+  SCOPED_TRACE(c.name());
+  SplitRun base;
+  {
+    const EnvOverride off(env, "0");
+    base = run_split_case(c, /*with_reference=*/false);
+  }
+  const EnvOverride on(env, "1");
+  check_split_case(c);
+  const SplitRun merged = run_split_case(c, /*with_reference=*/false);
+  EXPECT_TRUE(merged.out_bytes == base.out_bytes) << "out differs from the combine kernel's";
+  EXPECT_TRUE(merged.lse_bytes == base.lse_bytes) << "lse differs from the combine kernel's";
+  if (launches < 0) return;
+  size_t kernels = 0;
+  kernels_in_forward(c, &kernels);
+  EXPECT_EQ(kernels, size_t(launches)) << "kernel launches of the call";
+}
+
+// Every compiled instance, packed decode and unpacked rows, masks, softcap, sinks, lse, 2 .. 16 ranges, ranges left
+// empty: split or not, and merged in the forward or not, is the plan's (fewer key tiles than ranges: fewer ranges;
+// more tiles than SMs: the combine kernel); the bits and the reference are checked either way.
+void check_merges_over_every_instance(const char* env, uint64_t& seed) {
   for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false))
     for (const SplitShape& s : kShapes)
       for (int splits : {2, 3, 7, 16}) {
         SplitCase c = split_case(s, dtype, head_dim, splits, ++seed);
         if (seed % 3 == 0) add_sinks(c, seed);
-        // Split or not, and merged in the cluster or not, is the plan's (fewer key tiles than ranges: fewer
-        // ranges; more tiles than SMs: the combine kernel); the bits and the reference are checked either way.
         SCOPED_TRACE("shape " + std::to_string(&s - kShapes));
-        check(c, /*launches=*/-1);
+        check_merge_against_the_combine_kernel(env, c, /*launches=*/-1);
       }
+}
+
+// The decode shape of the launch counts: b = 1, s_k = 16384, 32/8 heads, d = 128 (8 packed tiles), `splits` ranges.
+SplitCase decode_case(int splits, uint64_t seed) {
+  SplitCase c;
+  c.batch = 1, c.seqlen_q = 1, c.seqlen_k = 16384, c.heads_q = 32, c.heads_kv = 8, c.head_dim = 128;
+  c.options.num_splits = splits;
+  c.seed = seed;
+  return c;
+}
+
+// FA4_FWD_CLUSTER_COMBINE=1: a tile's ranges run as one cluster and merge in the forward (one launch, no combine
+// kernel), cluster sizes 2 .. 16 (the fill rule's 16 at b = 1, s_k = 4096, 32/8), and a split too large for a
+// cluster (the combine kernel then, two launches).
+TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
+  REQUIRE_SM90();
+  uint64_t seed = 7000;
+  check_merges_over_every_instance("FA4_FWD_CLUSTER_COMBINE", seed);
   // Launch counts where the plan is known: 2 .. 8 ranges of 8 packed tiles (clusters of up to 8, odd sizes too: one
   // launch), and 64 ranges (more than a cluster holds: the combine kernel, two). The fill rule's 16 ranges merge in clusters of
   // 16 only where the GPU runs eight of them at once (a GPC of 16 free SMs each): printed, not asserted.
   for (int splits : {2, 3, 4, 7, 8, 64, 0}) {
-    SplitCase c;
-    c.batch = 1, c.seqlen_q = 1, c.seqlen_k = 16384, c.heads_q = 32, c.heads_kv = 8, c.head_dim = 128;
-    c.options.num_splits = splits;
-    c.seed = ++seed;
-    check(c, splits == 0 ? -1 : splits == 64 ? 2 : 1);
+    const SplitCase c = decode_case(splits, ++seed);
+    check_merge_against_the_combine_kernel("FA4_FWD_CLUSTER_COMBINE", c, splits == 0 ? -1 : splits == 64 ? 2 : 1);
     if (splits == 0) {
       const EnvOverride on("FA4_FWD_CLUSTER_COMBINE", "1");
       size_t kernels = 0;
@@ -349,6 +363,34 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
                   kernels);
     }
   }
+}
+
+// Builds with -DFA4_AB_LAST_CTA_MERGE=1 (perf-log F22): each tile's last range to finish merges its rows, where every
+// tile runs once in the grid (one launch, no combine kernel; the counters' memset is not a kernel), with the combine
+// kernel's bits (FA4_FWD_LAST_CTA_MERGE=0 turns it off there); 64 ranges of 8 tiles (512 CTAs, more than SMs): the
+// combine kernel. Other builds refuse FA4_FWD_LAST_CTA_MERGE=1 by name rather than ignore it.
+TEST(GpuSplitKvSm90, LastRangeMergeMatchesTheCombineKernel) {
+  REQUIRE_SM90();
+  uint64_t seed = 7500;
+  if (!FA4_AB_LAST_CTA_MERGE) {
+    const EnvOverride on("FA4_FWD_LAST_CTA_MERGE", "1");
+    const SplitCase c = decode_case(4, ++seed);
+    try {
+      fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
+      auto out = HostTensor::make(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim});
+      DeviceCopy d_q(in.q, size_t(in.q.numel())), d_k(in.k, size_t(in.kv_storage_elems)),
+          d_v(in.v, size_t(in.kv_storage_elems)), d_out(out, size_t(out.numel()));
+      fa4::forward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), nullptr, c.options, {}, nullptr);
+      ADD_FAILURE() << "FA4_FWD_LAST_CTA_MERGE=1 was accepted by a build without the merge";
+    } catch (const fa4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FA4_FWD_LAST_CTA_MERGE"), std::string::npos) << e.what();
+    }
+    GTEST_SKIP() << "the merge itself needs a build with -DFA4_AB_LAST_CTA_MERGE=1 (its refusal here was checked)";
+  }
+  check_merges_over_every_instance("FA4_FWD_LAST_CTA_MERGE", seed);
+  for (int splits : {2, 3, 4, 7, 8, 16, 64, 0})
+    check_merge_against_the_combine_kernel("FA4_FWD_LAST_CTA_MERGE", decode_case(splits, ++seed),
+                                           splits == 64 ? 2 : 1);
 }
 
 }  // namespace

@@ -81,6 +81,10 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
   // Its one tile is its first, blockIdx's (scheduler.cuh); its range's partials are written above.
   if (p.cluster_combine) merge_tile_in_cluster<In, Row>(p, p.order.tile(int32_t(blockIdx.x)), consumer);
+#if FA4_AB_LAST_CTA_MERGE
+  if (p.merge_counters != nullptr)
+    merge_tile_if_last<In, Row>(p, p.order.tile(int32_t(blockIdx.x)), int32_t(blockIdx.x), consumer);
+#endif
 }
 
 template <ptx::WgmmaInput In, int Row, bool Varlen>
