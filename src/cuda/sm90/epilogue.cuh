@@ -187,6 +187,7 @@ __device__ __forceinline__ void merge_tile_if_last(const FwdParams& p, const Wor
     ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device> count(p.merge_counters[linear / p.order.num_splits]);
     last = count.fetch_add(1u, ::cuda::memory_order_acq_rel) == uint32_t(p.order.num_splits - 1);
   }
+  __syncwarp();  // bar.red is the aligned form: the warp reconverged after its one thread's branch
   if (ptx::named_barrier_sync_or(kBarrier, kConsumerThreads, last)) merge_tile_rows<In, Row>(p, tile, consumer, 1, 0);
 }
 

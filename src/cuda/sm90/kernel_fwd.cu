@@ -195,6 +195,8 @@ cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, bool varlen, c
   });
 }
 
+bool fwd_kernels_merge_by_last_range() { return FA4_AB_LAST_CTA_MERGE != 0; }
+
 cudaError_t fwd_max_active_clusters(DType dtype, int head_dim, int row, bool varlen, uint32_t cluster, int* clusters) {
   *clusters = 0;
   int device = 0;

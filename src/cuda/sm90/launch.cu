@@ -239,7 +239,6 @@ FwdPlan plan_forward(const detail::Problem& p) {
   return plan;
 }
 
-// Bytes of the split partials: fp32 O and LSE per (split, batch, head, query row).
 // The split partials in a workspace: O (fp32 rows of head_dim), then the LSEs (fp32), then one 32-bit counter per
 // tile for the last-range merge (the A/B build FA4_AB_LAST_CTA_MERGE; at most one per unsplit row, in every build,
 // so that the size never depends on the build's switches).
@@ -298,16 +297,22 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //   FA4_FWD_PROLOGUE_TURN (default 1): a consumer's first S of a work tile waits for its turn at the tensor core;
 //     0 issues it outside the turns (FlashAttention-3's and -4's order, perf-log F14), so consumer 0 starts the
 //     next tile while the last consumer still runs this one's tail and epilogue.
-//   FA4_FWD_CLUSTER_COMBINE (default 0; perf-log F17, not yet run on a GPU): 1 merges split-KV's ranges inside the
-//     forward where a tile's ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
+//   FA4_FWD_CLUSTER_COMBINE (default 0; perf-log F17): 1 merges split-KV's ranges inside the forward where a tile's
+//     ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
+//   FA4_FWD_LAST_CTA_MERGE (perf-log F22): where the kernels are built with the last-range merge
+//     (-DFA4_AB_LAST_CTA_MERGE=1, fwd_kernels_merge_by_last_range) default 1, and 0 sends split-KV to the combine
+//     kernel; elsewhere 1 is refused by name.
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool last_cta_merge = false;  // the A/B build FA4_AB_LAST_CTA_MERGE=1 only (on there unless set to 0)
 };
 FwdSwitches read_fwd_switches(const char* call) {
-  const bool last_cta_merge = env_switch(call, "FA4_FWD_LAST_CTA_MERGE", bool(FA4_AB_LAST_CTA_MERGE));
-  if (last_cta_merge && !FA4_AB_LAST_CTA_MERGE)
+  // The kernels' build, not this file's define, decides (a define reaching one translation unit only would leave
+  // out unwritten: the combine kernel skipped and no merge in the forward).
+  const bool built = fwd_kernels_merge_by_last_range();
+  const bool last_cta_merge = env_switch(call, "FA4_FWD_LAST_CTA_MERGE", built);
+  if (last_cta_merge && !built)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_FWD_LAST_CTA_MERGE: expected 0 or unset "
                                                          "in a build without -DFA4_AB_LAST_CTA_MERGE=1, got '1'");
   return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
@@ -423,7 +428,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   }
   // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores
   // (always for a KV-cache call: its instances store per thread). Split-KV writes fp32 partials instead (per
-  // thread), and the combine kernel writes out and lse.
+  // thread), and the combine kernel (or the forward's in-kernel merge) writes out and lse.
   if (!split && cache == nullptr && tma_addressable(out)) {
     map_tensor(out, p.head_dim, uint32_t(kWgmmaM), &params.out_map);
     params.out_tma = true;
