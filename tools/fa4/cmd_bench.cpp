@@ -240,25 +240,27 @@ void bench_dense(const BenchArgs& a, nlohmann::json& rows) {
              "mask", "ms", "TFLOP/s");
   for (const auto& dt : a.dtypes)
     for (int64_t d : a.head_dims)
-      for (int64_t s : a.seqlens)
+      for (int64_t s : a.seqlens) {
+        // The inputs depend on (dtype, head dim, seqlen) only: made and filled once for every mask and softmax
+        // policy (filling them took most of an ablation's time).
+        const DType dtype = parse_dtype(dt);
+        const int64_t sq = a.seqlen_q > 0 ? a.seqlen_q : s, hkv = a.heads_kv > 0 ? a.heads_kv : a.heads;
+        const std::array<int64_t, 4> qshape{a.batch, sq, a.heads, d}, kshape{a.batch, s, hkv, d};
+        auto q = testing::HostTensor::make(dtype, qshape), k = testing::HostTensor::make(dtype, kshape),
+             v = testing::HostTensor::make(dtype, kshape), out = testing::HostTensor::make(dtype, qshape),
+             dout = testing::HostTensor::make(dtype, qshape), dq = testing::HostTensor::make(dtype, qshape),
+             dk = testing::HostTensor::make(dtype, kshape), dv = testing::HostTensor::make(dtype, kshape);
+        auto lse = testing::HostTensor::make_lse({a.batch, a.heads, sq});
+        q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), dout.fill_normal(4);
         for (const auto& mask : a.masks)
         for (float emulated : a.emulated_fractions)
         for (float tau : a.taus) {
-          const DType dtype = parse_dtype(dt);
           Options o;
           o.causal = mask == "causal";
           o.exp2_emulated_fraction = emulated;
           o.rescale_threshold = tau;
           const std::string policy = ablation ? fmt::format("  emu={:g} tau={:g}", emulated, tau) : "";
           o.num_splits = int(std::min<int64_t>(a.num_splits, std::numeric_limits<int>::max()));
-          const int64_t sq = a.seqlen_q > 0 ? a.seqlen_q : s, hkv = a.heads_kv > 0 ? a.heads_kv : a.heads;
-          const std::array<int64_t, 4> qshape{a.batch, sq, a.heads, d}, kshape{a.batch, s, hkv, d};
-          auto q = testing::HostTensor::make(dtype, qshape), k = testing::HostTensor::make(dtype, kshape),
-               v = testing::HostTensor::make(dtype, kshape), out = testing::HostTensor::make(dtype, qshape),
-               dout = testing::HostTensor::make(dtype, qshape), dq = testing::HostTensor::make(dtype, qshape),
-               dk = testing::HostTensor::make(dtype, kshape), dv = testing::HostTensor::make(dtype, kshape);
-          auto lse = testing::HostTensor::make_lse({a.batch, a.heads, sq});
-          q.fill_normal(1), k.fill_normal(2), v.fill_normal(3), dout.fill_normal(4);
           for (const auto& pass_name : a.passes) {
             const Pass pass = pass_name == "fwd" ? Pass::forward : Pass::backward;
             progress.step(fmt::format("{} {} d={} s={} {}{}", pass_name, dt, d, s, mask, policy));
@@ -302,6 +304,7 @@ void bench_dense(const BenchArgs& a, nlohmann::json& rows) {
             rows.push_back(row);
           }
         }
+      }
 }
 
 void bench(const BenchArgs& a) {
