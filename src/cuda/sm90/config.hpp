@@ -163,13 +163,12 @@ struct FwdConfig {
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;
   static constexpr uint32_t kKvTileBytes = uint32_t(kBlockN) * kHeadDim * kElementBytes;
-  static constexpr uint32_t kOTileBytes = kQTileBytes;
-  // Q tiles in flight: one. A second where it fits (the next work tile's Q loading while this one runs) measured
+  // One Q tile in flight: a second where it fits (the next work tile's Q loading while this one runs) measured
   // level at 2k-8k and 1-4% slower at 512-1k (perf-log F19).
-  static constexpr int kQStages = 1;
-  static constexpr uint32_t kTileBytes = kQStages * kQTileBytes + 2u * kStages * kKvTileBytes;
+  static constexpr uint32_t kTileBytes = kQTileBytes + 2u * kStages * kKvTileBytes;
   // O is staged for its TMA store in a buffer of its own when one fits (then Q is free, and the next tile's Q
   // can load, as soon as the last S is computed), else in the warpgroup's rows of the Q tile.
+  static constexpr uint32_t kOTileBytes = kQTileBytes;
   static constexpr bool kSeparateOStaging = kTileBytes + kOTileBytes + 2048 + kSmemAlignSlack <= kSmemPerBlockMax;
 
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,

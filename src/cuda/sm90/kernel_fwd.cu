@@ -35,7 +35,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   using Config = FwdConfig<Row>;
   const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
   auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
-  FwdConsumerStages<Row> st;
+  ConsumerStages<Config::kStages> st;
   const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
   trace::Recorder rec(FA4_TRACE_SINK(p), fwd_trace_consumer_writer(consumer), threadIdx.x % kWarpgroupThreads == 0);
   for (;;) {
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     constexpr uint32_t kReleases = kReleasesPerConsumerWarpgroup * Config::kConsumerWarpgroups;
     cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kReleases);
     cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
-    cuda::Pipeline<Config::kQStages>::init(smem.q_ring, 1, kReleases);
+    cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
     cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases);
     // Whatever the stream launches next as a programmatic dependent may become resident now, on the SMs this grid
     // leaves free: split-KV's combine (split_combine.cu) or the next call's forward, each of which waits in

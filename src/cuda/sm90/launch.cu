@@ -243,15 +243,15 @@ FwdPlan plan_forward(const detail::Problem& p) {
 // tile for the last-range merge (the A/B build FA4_AB_LAST_CTA_MERGE; at most one per unsplit row, in every build,
 // so that the size never depends on the build's switches).
 struct SplitWorkspaceLayout {
-  size_t rows = 0, lse_offset = 0, counters_offset = 0, bytes = 0;
+  size_t lse_offset = 0, counters_offset = 0, bytes = 0;
 };
 SplitWorkspaceLayout split_workspace_layout(const detail::Problem& p, const FwdPlan& plan) {
   SplitWorkspaceLayout l;
   if (plan.splits <= 1) return l;
-  l.rows = size_t(plan.splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
-  l.lse_offset = (l.rows * size_t(p.head_dim) * 4 + 255) / 256 * 256;
-  l.counters_offset = l.lse_offset + (l.rows * 4 + 15) / 16 * 16;
-  l.bytes = l.counters_offset + l.rows / size_t(plan.splits) * 4;
+  const size_t rows = size_t(plan.splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
+  l.lse_offset = (rows * size_t(p.head_dim) * 4 + 255) / 256 * 256;
+  l.counters_offset = l.lse_offset + (rows * 4 + 15) / 16 * 16;
+  l.bytes = l.counters_offset + rows / size_t(plan.splits) * 4;
   return l;
 }
 size_t split_workspace_bytes(const detail::Problem& p, const FwdPlan& plan) {

@@ -1,7 +1,7 @@
 // Load role: one producer warp; one elected lane walks the CTA's work tiles (TileScheduler), publishes each to
-// the consumers, and issues every TMA: Q into its ring (one stage), and for each
-// visible K/V tile a K load into the K ring and a V load into the V ring, each stage acquired from its Pipeline
-// (blocks while the consumers still read it) and armed with the exact byte count it will receive.
+// the consumers, and issues every TMA: Q into its one-stage ring, and for each visible K/V tile a K load into
+// the K ring and a V load into the V ring, each stage acquired from its Pipeline (blocks while the consumers
+// still read it) and armed with the exact byte count it will receive.
 // A tile that runs past seqlen_k (or a Q tile past seqlen_q) is zero-filled by TMA; the bytes still count.
 #pragma once
 
@@ -168,10 +168,10 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   }
 
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
-  const cuda::Pipeline<Config::kQStages> q_ring(smem.q_ring);
+  const cuda::Pipeline<1> q_ring(smem.q_ring);
   const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
   auto kv_stage = cuda::producer_start_state<Config::kStages>();
-  auto q_stage = cuda::producer_start_state<Config::kQStages>();
+  auto q_stage = cuda::producer_start_state<1>();
   auto tile_stage = cuda::producer_start_state<kTileRingStages>();
   const TileScheduler scheduler(p);
   for (int32_t linear = scheduler.first();; linear = scheduler.next(linear)) {
@@ -232,7 +232,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     auto load_q = [&] {
       q_ring.producer_acquire(q_stage);
       q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
-      load_tile<HeadDim, Config::kBlockM>(smem.q[q_stage.index], &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
+      load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
                                           tile.head * p.q_head_step, tile.batch * p.q_batch_step,
                                           q_ring.full_barrier(q_stage));
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);

@@ -226,14 +226,12 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
 }
 
 // A consumer warpgroup's positions in the rings it reads; they carry over from one work tile to the next.
-template <int Stages, int QStages>
+template <int Stages>
 struct ConsumerStages {
   cuda::PipelineState<Stages> k = cuda::consumer_start_state<Stages>();
   cuda::PipelineState<Stages> v = cuda::consumer_start_state<Stages>();
-  cuda::PipelineState<QStages> q = cuda::consumer_start_state<QStages>();
+  cuda::PipelineState<1> q = cuda::consumer_start_state<1>();
 };
-template <int Row>
-using FwdConsumerStages = ConsumerStages<FwdConfig<Row>::kStages, FwdConfig<Row>::kQStages>;
 
 // The consumer warpgroup `consumer`'s main loop over a work tile's visible K/V tiles `range` (not empty). On
 // return O holds the unnormalised output of this thread's rows and `rows` their (m, thread-local l). Q is
@@ -241,7 +239,7 @@ using FwdConsumerStages = ConsumerStages<FwdConfig<Row>::kStages, FwdConfig<Row>
 template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGeometry& geo, FwdSharedStorage<Row>& smem,
                                                  const WorkTile& tile, const KvTileRange& range, int consumer,
-                                                 FwdConsumerStages<Row>& st, bool release_q,
+                                                 ConsumerStages<FwdConfig<Row>::kStages>& st, bool release_q,
                                                  ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows,
                                                  trace::Recorder& rec) {
   using Config = FwdConfig<Row>;
@@ -259,10 +257,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const int64_t row[2] = {row0, row0 + 8};
   const int col_base = 2 * (thread % 4);
 
-  static_assert(Config::kQStages == 1, "one Q stage: its tile is smem.q[0]");
-  uint8_t* const q_tile = smem.q[0];
   const uint32_t q_rows =
-      static_cast<uint32_t>(__cvta_generic_to_shared(q_tile)) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem.q)) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
   constexpr uint32_t kQChunkBytes = uint32_t(kBlockM) * ptx::kSw128RowBytes;
   // The K/V stage index made warp-uniform (ptx::warp_uniform): it is a loop-carried register the compiler does
   // not prove uniform, so each wgmma's descriptor was built in vector registers and copied (R2UR) per k-step; one
@@ -288,7 +284,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
       return softmax_with(p.mask, s, n_block);
   };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
-  const cuda::Pipeline<Config::kQStages> q_ring(smem.q_ring);
+  const cuda::Pipeline<1> q_ring(smem.q_ring);
   const TensorCoreTurn<Config::kTensorCoreTurns ? Config::kConsumerWarpgroups : 1> turn(consumer);
   turn.start();
   q_ring.consumer_wait(st.q);

@@ -40,15 +40,6 @@ struct KvTileRange {
   __device__ __forceinline__ bool empty() const { return end <= begin; }
 };
 
-// A sequence's mask from its sizes: p's window sides (clamped on the longest sequence: still wide enough for
-// this one) on the sequence's seqlen_q and seqlen_k.
-__device__ __forceinline__ SeqGeometry with_sequence_mask(const FwdParams& p, SeqGeometry g) {
-  g.mask = p.mask;
-  g.mask.seqlen_q = g.seqlen_q;
-  g.mask.seqlen_k = g.seqlen_k;
-  return g;
-}
-
 // The sequence a tile belongs to (seq_geometry.hpp). A dense kernel reads p directly, as before; only the Varlen
 // instances load the offsets.
 // A KV-cache call (cu_seqlens null) has dense queries and a cache per sequence: offsets 0, the sequence's keys
@@ -67,7 +58,10 @@ __device__ __forceinline__ SeqGeometry seq_geometry(const FwdParams& p, const Wo
   } else {
     g.seqlen_k = (p.seqused_k != nullptr ? p.seqused_k[tile.batch] : p.seqlen_k) + p.seqlen_k_added;
   }
-  return with_sequence_mask(p, g);
+  g.mask = p.mask;  // the window sides (clamped on the longest sequence: still wide enough for this one)
+  g.mask.seqlen_q = g.seqlen_q;
+  g.mask.seqlen_k = g.seqlen_k;
+  return g;
 }
 
 // Part `split` of `splits` of a range: whole tiles, as even as they go.
