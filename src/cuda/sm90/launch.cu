@@ -306,6 +306,7 @@ struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool last_cta_merge = false;  // the A/B build FA4_AB_LAST_CTA_MERGE=1 only (on there unless set to 0)
+  bool varlen_counter = false;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
 };
 FwdSwitches read_fwd_switches(const char* call) {
   // The kernels' build, not this file's define, decides (a define reaching one translation unit only would leave
@@ -316,7 +317,7 @@ FwdSwitches read_fwd_switches(const char* call) {
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_FWD_LAST_CTA_MERGE: expected 0 or unset "
                                                          "in a build without -DFA4_AB_LAST_CTA_MERGE=1, got '1'");
   return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
-          last_cta_merge};
+          last_cta_merge, env_switch(call, "FA4_FWD_VARLEN_COUNTER", false)};
 }
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
@@ -334,13 +335,14 @@ bool merges_in_cluster(const char* call, const FwdSwitches& switches, const deta
   return clusters >= ctas / splits;
 }
 
-// The switches into the kernel parameters, and the LPT order's tile counter (params.order.lpt) in stream-ordered
-// memory: zeroed, used and freed in stream order, so concurrent calls on other streams never share it, and
-// CUDA-graph capture records it as allocation/memset nodes. No counter without LPT.
+// The switches into the kernel parameters, and the tile counter (the LPT order's, params.order.lpt, or a
+// variable-length batch's: `counted`) in stream-ordered memory: zeroed, used and freed in stream order, so
+// concurrent calls on other streams never share it, and CUDA-graph capture records it as allocation/memset nodes.
 void apply_switches_and_zero_tile_counter(const char* call, const FwdSwitches& switches, FwdParams& params,
-                                          cudaStream_t stream, std::optional<StreamOrderedBuffer>& counter) {
+                                          cudaStream_t stream, std::optional<StreamOrderedBuffer>& counter,
+                                          bool counted = false) {
   params.prologue_turn = switches.prologue_turn;
-  if (!params.order.lpt) return;
+  if (!params.order.lpt && !counted) return;
   counter.emplace(call, sizeof(uint32_t), stream, "the 4-byte tile counter");
   params.tile_counter = static_cast<uint32_t*>(counter->get());
   throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), stream),
@@ -612,7 +614,8 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
   params.order.heads_q = int32_t(p.heads_q);
   params.order.batch = int32_t(vl.batch);
   params.order.num_splits = 1;
-  // Static: every tile takes its own sequence's sizes (a tile past them does nothing). A/B candidate
+  // The static order, in a fixed stride or (FA4_FWD_VARLEN_COUNTER=1, perf-log F24) handed out by the counter:
+  // every tile takes its own sequence's sizes (a tile past them does nothing). A/B candidate
   // FA4_AB_VARLEN_LPT (off by default, not yet measured): causal-shaped masks walk the longest-first order
   // (query blocks last first over every sequence, the dense causal order) through the tile counter.
   params.order.lpt = FA4_AB_VARLEN_LPT && p.mask.right >= 0 && p.mask.left < 0;
@@ -628,7 +631,8 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   std::optional<StreamOrderedBuffer> counter;
-  apply_switches_and_zero_tile_counter(call, switches, params, cu_stream, counter);
+  apply_switches_and_zero_tile_counter(call, switches, params, cu_stream, counter,
+                                       /*counted=*/switches.varlen_counter && num_tiles > int64_t(grid));
 #if FA4_TRACE
   params.trace = trace::begin_launch("sm90 fwd varlen " + std::string(to_string(p.dtype)) + " d" +
                                          std::to_string(p.head_dim) + " (row " + std::to_string(row) + ")",

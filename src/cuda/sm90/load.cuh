@@ -192,7 +192,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   auto kv_stage = cuda::producer_start_state<Config::kStages>();
   auto q_stage = cuda::producer_start_state<1>();
   auto tile_stage = cuda::producer_start_state<kTileRingStages>();
-  const TileScheduler scheduler(p);
+  const TileScheduler<Varlen> scheduler(p);
   for (int32_t linear = scheduler.first();; linear = scheduler.next(linear)) {
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
     tile_ring.producer_acquire(tile_stage);

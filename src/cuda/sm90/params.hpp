@@ -59,7 +59,7 @@ struct FwdParams {
   int32_t group = 1;  // query heads per kv head: kv head = h / group
   // Work tiles: ceil(seqlen_q / block_m) query blocks × heads_q × batch, walked in `order` (scheduler.cuh).
   TileOrder order;                   // lpt: the causal (dynamic, longest-first) order
-  uint32_t* tile_counter = nullptr;  // order.lpt: zeroed on the stream before each launch
+  uint32_t* tile_counter = nullptr;  // order.lpt, or a variable-length batch: zeroed on the stream before each launch
 
   num::Mask mask;
   num::ScoreTransform score;    // raw q·k -> log2 units (scale, softcap)

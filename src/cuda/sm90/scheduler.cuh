@@ -17,12 +17,20 @@
 namespace fa4::sm90 {
 
 // The producer's walk over tiles: first() and next() give linear tile indices; num_tiles or more means done.
+// A variable-length batch (Varlen with cu_seqlens_q) may walk the static order through the counter too (launch.cu
+// hands it one with FA4_FWD_VARLEN_COUNTER=1, an A/B switch until measured): its order covers every sequence up
+// to the longest one's query blocks, so a fixed stride gives some CTAs mostly the empty tiles past short
+// sequences and others the long sequences' full ones (perf-log F24: at 16k tokens in 7 sequences, modelled, the
+// last CTA ends ~12% after the one the counter's greedy hand-out gives).
+// The dense kernels keep the test on lpt alone (their SASS unchanged); the KV-cache calls get no counter.
+template <bool Varlen>
 class TileScheduler {
  public:
   __device__ explicit TileScheduler(const FwdParams& p) : p_(p) {}
   __device__ int32_t first() const { return int32_t(blockIdx.x); }
   __device__ int32_t next(int32_t current) const {
-    if (!p_.order.lpt) return current + int32_t(gridDim.x);
+    const bool counted = Varlen ? p_.tile_counter != nullptr : p_.order.lpt;
+    if (!counted) return current + int32_t(gridDim.x);
     // Every CTA's first tile is its blockIdx; the counter hands out the rest in order.
     return int32_t(gridDim.x) + int32_t(atomicAdd(p_.tile_counter, 1u));
   }
