@@ -74,17 +74,6 @@ __device__ __forceinline__ void bulk_store(float* gmem_dst, const float* smem_sr
   ::cuda::ptx::cp_async_bulk(::cuda::ptx::space_global, ::cuda::ptx::space_shared, gmem_dst, smem_src, bytes);
 }
 
-// Pulls a 4D box into L2 (cp.async.bulk.prefetch.tensor, which CCCL lacks): no shared memory, no completion to
-// wait for; coordinates as for tma_load. Used by the A/B build of perf-log F23 (paged K/V tiles fetched ahead).
-__device__ __forceinline__ void tma_prefetch_l2(const CUtensorMap* map, const int32_t (&c)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];"
-               :
-               : "l"(map), "r"(c[0]), "r"(c[1]), "r"(c[2]), "r"(c[3])
-               : "memory");
-#endif
-}
-
 // Pulls the descriptor into the TMA unit's cache ahead of the first copy (one thread, at kernel start).
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

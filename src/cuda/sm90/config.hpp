@@ -54,14 +54,6 @@ static_assert(FA4_AB_PAGES_AHEAD == 0 || FA4_AB_PAGES_AHEAD == 1, "FA4_AB_PAGES_
 #define FA4_AB_LAST_CTA_MERGE 0
 #endif
 static_assert(FA4_AB_LAST_CTA_MERGE == 0 || FA4_AB_LAST_CTA_MERGE == 1, "FA4_AB_LAST_CTA_MERGE: 0 or 1");
-// A/B candidate (off by default; perf-log F23): the producer of the instances with per-sequence geometry pulls
-// paged K/V tile n + N into L2 (cp.async.bulk.prefetch.tensor) once tile n's V is issued; N = the define's value.
-#ifndef FA4_AB_PAGES_PREFETCH
-#define FA4_AB_PAGES_PREFETCH 0
-#endif
-static_assert(FA4_AB_PAGES_PREFETCH >= 0 && FA4_AB_PAGES_PREFETCH <= 4, "FA4_AB_PAGES_PREFETCH: 0 to 4 tiles ahead");
-static_assert(!(FA4_AB_PAGES_PREFETCH && FA4_AB_PAGES_AHEAD), "F23's prefetch is written for the default page reads");
-
 namespace fa4::sm90 {
 
 struct FwdTile {

@@ -92,25 +92,6 @@ struct PagesAhead {
 };
 #endif
 
-#if FA4_AB_PAGES_PREFETCH
-// F23: the boxes of paged K/V tile n_block that hold keys, pulled into L2 ahead of their loads (their pages'
-// translations with them), so that the loads of a shuffled page walk find them as a contiguous walk would.
-template <int HeadDim, int BlockN>
-__device__ __forceinline__ void prefetch_paged_kv_tile(const FwdParams& p, const SeqGeometry& geo,
-                                                       const CUtensorMap* map, int32_t head, int32_t n_block,
-                                                       const TilePages<BlockN>& pages) {
-  const int32_t key0 = n_block * BlockN, valid = geo.seqlen_k - key0;
-#pragma unroll 1
-  for (int box = 0; box < BlockN / 16; ++box) {
-    const int32_t r = box * p.kv_box_rows;
-    if (r >= BlockN || r >= valid) break;
-#pragma unroll
-    for (int chunk = 0; chunk < HeadDim / kSw128Columns; ++chunk)
-      ptx::tma_prefetch_l2(map, {chunk * kSw128Columns, (key0 + r) % p.page_size, head, pages.page_of(box)});
-  }
-}
-#endif
-
 template <int HeadDim, int BlockN>
 __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const FwdParams& p, const SeqGeometry& geo,
                                                          const CUtensorMap* map, const CUtensorMap* map16,
@@ -275,29 +256,13 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       }
 #endif
     } else {
-      // A/B (perf-log F23): paged tile n + FA4_AB_PAGES_PREFETCH pulled into L2 once tile n's V is issued.
-      auto prefetch = [&](int32_t n_block) {
-#if FA4_AB_PAGES_PREFETCH
-        if constexpr (Varlen) {
-          if (p.page_table == nullptr || n_block >= range.end) return;
-          Pages ahead;
-          ahead.read(p, geo, tile.batch, n_block);
-          prefetch_paged_kv_tile<HeadDim, Config::kBlockN>(p, geo, &p.k_map, kv_head * p.k_head_step, n_block, ahead);
-          prefetch_paged_kv_tile<HeadDim, Config::kBlockN>(p, geo, &p.v_map, kv_head * p.v_head_step, n_block, ahead);
-        }
-#else
-        (void)n_block;
-#endif
-      };
       load_k(range.begin, kv_stage, pages);
       load_q();
       load_v(range.begin, kv_stage, pages);
-      for (int32_t d = 1; d <= FA4_AB_PAGES_PREFETCH; ++d) prefetch(range.begin + d);
       ++kv_stage;
       for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block, ++kv_stage) {
         load_k(n_block, kv_stage, pages);
         load_v(n_block, kv_stage, pages);
-        if (FA4_AB_PAGES_PREFETCH > 0) prefetch(n_block + FA4_AB_PAGES_PREFETCH);
       }
     }
   }

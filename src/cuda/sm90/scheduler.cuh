@@ -17,11 +17,10 @@
 namespace fa4::sm90 {
 
 // The producer's walk over tiles: first() and next() give linear tile indices; num_tiles or more means done.
-// A variable-length batch (Varlen with cu_seqlens_q) may walk the static order through the counter too (launch.cu
-// hands it one with FA4_FWD_VARLEN_COUNTER=1, an A/B switch until measured): its order covers every sequence up
-// to the longest one's query blocks, so a fixed stride gives some CTAs mostly the empty tiles past short
-// sequences and others the long sequences' full ones (perf-log F24: at 16k tokens in 7 sequences, modelled, the
-// last CTA ends ~12% after the one the counter's greedy hand-out gives).
+// A variable-length batch (Varlen with cu_seqlens_q) walks the static order through the counter too (launch.cu
+// hands it one unless FA4_FWD_VARLEN_COUNTER=0): its order covers every sequence up to the longest one's query
+// blocks, so a fixed stride gave some CTAs mostly the empty tiles past short sequences and others the long
+// sequences' full ones (perf-log F24, H100: the counter +13% at d = 64 and d = 128, +6-9% causal).
 // The dense kernels keep the test on lpt alone (their SASS unchanged); the KV-cache calls get no counter.
 template <bool Varlen>
 class TileScheduler {
