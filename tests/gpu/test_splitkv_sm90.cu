@@ -3,8 +3,7 @@
 // key tiles, the fill rule (num_splits = 0) on decode shapes, packed decode (one query, the group's heads as a
 // tile's rows) with and without masks, sinks joining in the combine, a caller's NaN-poisoned workspace and a
 // too-small one, stride-0 query heads (not packed), bitwise repeatability, and the merge inside the forward's
-// cluster (FA4_FWD_CLUSTER_COMBINE) and by the last range (FA4_AB_LAST_CTA_MERGE builds) against the combine kernel's
-// bits. Outputs start NaN-poisoned.
+// cluster (FA4_FWD_CLUSTER_COMBINE) against the combine kernel's bits. Outputs start NaN-poisoned.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -14,7 +13,6 @@
 #include <vector>
 
 #include "api/validate.hpp"
-#include "cuda/sm90/config.hpp"
 #include "cpu/reference.hpp"
 #include "fa4/fa4.hpp"
 #include "gpu_test_util.hpp"
@@ -347,9 +345,6 @@ SplitCase decode_case(int splits, uint64_t seed) {
 // cluster (the combine kernel then, two launches).
 TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
   REQUIRE_SM90();
-  // In an FA4_AB_LAST_CTA_MERGE build the last-range merge is on by default: off here (0 is accepted by every
-  // build), so that the baseline is the combine kernel and a one-launch count is the cluster's.
-  const EnvOverride no_last_range("FA4_FWD_LAST_CTA_MERGE", "0");
   uint64_t seed = 7000;
   check_merges_over_every_instance("FA4_FWD_CLUSTER_COMBINE", seed);
   // Launch counts where the plan is known: 2 .. 8 ranges of 8 packed tiles (clusters of up to 8, odd sizes too: one
@@ -366,37 +361,6 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
                   kernels);
     }
   }
-}
-
-// Builds with -DFA4_AB_LAST_CTA_MERGE=1 (perf-log F22): each tile's last range to finish merges its rows, where every
-// tile runs once in the grid (one launch, no combine kernel; the counters' memset is not a kernel), with the combine
-// kernel's bits (FA4_FWD_LAST_CTA_MERGE=0 turns it off there); 64 ranges of 8 tiles (512 CTAs, more than SMs): the
-// combine kernel. Other builds refuse FA4_FWD_LAST_CTA_MERGE=1 by name rather than ignore it.
-TEST(GpuSplitKvSm90, LastRangeMergeMatchesTheCombineKernel) {
-  REQUIRE_SM90();
-  uint64_t seed = 7500;
-  if (!FA4_AB_LAST_CTA_MERGE) {
-    const EnvOverride on("FA4_FWD_LAST_CTA_MERGE", "1");
-    const SplitCase c = decode_case(4, ++seed);
-    try {
-      fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
-      auto out = HostTensor::make(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim});
-      DeviceCopy d_q(in.q, size_t(in.q.numel())), d_k(in.k, size_t(in.kv_storage_elems)),
-          d_v(in.v, size_t(in.kv_storage_elems)), d_out(out, size_t(out.numel()));
-      fa4::forward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), nullptr, c.options, {}, nullptr);
-      ADD_FAILURE() << "FA4_FWD_LAST_CTA_MERGE=1 was accepted by a build without the merge";
-    } catch (const fa4::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("FA4_FWD_LAST_CTA_MERGE"), std::string::npos) << e.what();
-    }
-    GTEST_SKIP() << "the merge itself needs a build with -DFA4_AB_LAST_CTA_MERGE=1 (its refusal here was checked)";
-  }
-  check_merges_over_every_instance("FA4_FWD_LAST_CTA_MERGE", seed);
-  // One launch where the 8 packed tiles' CTAs fit the SMs (the fill rule plans so: 0), else the combine kernel.
-  int sms = 0;
-  CUDA_OK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  for (int splits : {2, 3, 4, 7, 8, 16, 64, 0})
-    check_merge_against_the_combine_kernel("FA4_FWD_LAST_CTA_MERGE", decode_case(splits, ++seed),
-                                           splits != 0 && 8 * splits > sms ? 2 : 1);
 }
 
 }  // namespace

@@ -22,18 +22,6 @@ __device__ __forceinline__ void named_barrier_sync_any_site(uint32_t id, uint32_
   asm volatile("barrier.sync %0, %1;" : : "r"(id), "r"(threads) : "memory");
 }
 
-// bar.sync that also ORs `pred` over the `threads` taking part: every one of them gets the result (one thread's
-// decision handed to all, without shared memory).
-__device__ __forceinline__ bool named_barrier_sync_or(uint32_t id, uint32_t threads, bool pred) {
-  uint32_t any;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
-      : "=r"(any)
-      : "r"(uint32_t(pred)), "r"(id), "r"(threads)
-      : "memory");
-  return any != 0;
-}
-
 // Arrives at barrier `id` without waiting (the producer side of a hand-over).
 __device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
   asm volatile("bar.arrive %0, %1;" : : "r"(id), "r"(threads) : "memory");

@@ -48,12 +48,7 @@
 #define FA4_AB_PAGES_AHEAD 0
 #endif
 static_assert(FA4_AB_PAGES_AHEAD == 0 || FA4_AB_PAGES_AHEAD == 1, "FA4_AB_PAGES_AHEAD: 0 or 1");
-// A/B candidate (off by default; perf-log F22): split-KV merged by each tile's last range to finish (a counter per
-// tile, zeroed by a memset before the launch) instead of by the combine kernel, where every tile runs once.
-#ifndef FA4_AB_LAST_CTA_MERGE
-#define FA4_AB_LAST_CTA_MERGE 0
-#endif
-static_assert(FA4_AB_LAST_CTA_MERGE == 0 || FA4_AB_LAST_CTA_MERGE == 1, "FA4_AB_LAST_CTA_MERGE: 0 or 1");
+
 namespace fa4::sm90 {
 
 struct FwdTile {
@@ -125,8 +120,7 @@ inline constexpr int kMaxConsumerWarpgroups = 3;
 enum class NamedBarrier : uint32_t {
   first_turn = 1,                                   // consumer c's turn: first_turn + c
   first_epilogue = first_turn + kMaxConsumerWarpgroups,  // consumer c's epilogue: first_epilogue + c
-  consumers = first_epilogue + kMaxConsumerWarpgroups,   // every consumer thread (the last-range merge)
-  end,
+  end = first_epilogue + kMaxConsumerWarpgroups,
 };
 static_assert(static_cast<uint32_t>(NamedBarrier::end) <= 16, "a CTA has 16 named barriers");
 

@@ -10,8 +10,6 @@
 
 #include <cstdint>
 
-#include <cuda/atomic>
-
 #include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/named_barrier.cuh"
@@ -141,21 +139,6 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
   }
 }
 
-// The rows of split tile `tile` merged from every range's partials (merge_split_row, the combine kernel's own
-// function) by the consumer warps of `ctas` CTAs, this one the `cta`-th: row r by CTA r % ctas, its warps in turn.
-template <ptx::WgmmaInput In, int Row>
-__device__ __forceinline__ void merge_tile_rows(const FwdParams& p, const WorkTile& tile, int consumer, int64_t ctas,
-                                                int64_t cta) {
-  using Config = FwdConfig<Row>;
-  constexpr int kWarps = Config::kConsumerWarpgroups * (kWarpgroupThreads / 32);
-  const int64_t first = int64_t(tile.m_block) * Config::kBlockM;
-  const int64_t count = p.seqlen_q - first < Config::kBlockM ? p.seqlen_q - first : Config::kBlockM;
-  const int64_t base = (int64_t(tile.batch) * p.order.heads_q + tile.head) * p.seqlen_q + first;  // unpacked row
-  const int warp = consumer * (kWarpgroupThreads / 32) + (threadIdx.x % kWarpgroupThreads) / 32;
-  for (int64_t r = warp * ctas + cta; r < count; r += kWarps * ctas)
-    merge_split_row<In == ptx::WgmmaInput::bf16>(p.combine, base + r, threadIdx.x % 32);
-}
-
 // Split-KV merged in the cluster (p.cluster_combine): the cluster's CTAs are the num_splits ranges of one tile,
 // `tile` (each CTA one range, its rank the range's index), and every consumer thread of each has written its
 // partial rows. The cluster barrier (the producers take part too: kernel_fwd.cu) releases each thread's writes
@@ -163,32 +146,16 @@ __device__ __forceinline__ void merge_tile_rows(const FwdParams& p, const WorkTi
 // the tile's rows: row r by CTA r % splits, its warps in turn.
 template <ptx::WgmmaInput In, int Row>
 __device__ __forceinline__ void merge_tile_in_cluster(const FwdParams& p, const WorkTile& tile, int consumer) {
-  ptx::cluster_sync();
-  merge_tile_rows<In, Row>(p, tile, consumer, p.order.num_splits, tile.split);
-}
-
-// Split-KV merged by the tile's last range to finish (p.merge_counters): every consumer thread has written its
-// partial rows; the CTA counts its range in, and the one that counts last merges the tile's rows alone. The
-// consumers' bar.sync orders their writes before the first consumer thread's count, a release at gpu scope and so
-// cumulative over them; the last count's acquire (which also drops this SM's L1 lines) orders every other range's
-// writes before the merge's reads, handed to the other consumer threads by the second barrier (CUTLASS's
-// semaphore pattern). No range waits for another: the grid need not be resident at once. Compiled in only under
-// the A/B define FA4_AB_LAST_CTA_MERGE (perf-log F22): behind a run-time test, its code (inlined or called) changed
-// the register allocation and schedule of every forward kernel (SASS compared).
-template <ptx::WgmmaInput In, int Row>
-__device__ __forceinline__ void merge_tile_if_last(const FwdParams& p, const WorkTile& tile, int32_t linear,
-                                                   int consumer) {
   using Config = FwdConfig<Row>;
-  constexpr uint32_t kConsumerThreads = Config::kConsumerWarpgroups * kWarpgroupThreads;
-  constexpr uint32_t kBarrier = static_cast<uint32_t>(NamedBarrier::consumers);
-  ptx::named_barrier_sync(kBarrier, kConsumerThreads);
-  bool last = false;
-  if (consumer == 0 && threadIdx.x % kWarpgroupThreads == 0) {
-    ::cuda::atomic_ref<uint32_t, ::cuda::thread_scope_device> count(p.merge_counters[linear / p.order.num_splits]);
-    last = count.fetch_add(1u, ::cuda::memory_order_acq_rel) == uint32_t(p.order.num_splits - 1);
-  }
-  __syncwarp();  // bar.red is the aligned form: the warp reconverged after its one thread's branch
-  if (ptx::named_barrier_sync_or(kBarrier, kConsumerThreads, last)) merge_tile_rows<In, Row>(p, tile, consumer, 1, 0);
+  constexpr int kWarps = Config::kConsumerWarpgroups * (kWarpgroupThreads / 32);
+  ptx::cluster_sync();
+  const int64_t first = int64_t(tile.m_block) * Config::kBlockM;
+  const int64_t count = p.seqlen_q - first < Config::kBlockM ? p.seqlen_q - first : Config::kBlockM;
+  const int64_t base = (int64_t(tile.batch) * p.order.heads_q + tile.head) * p.seqlen_q + first;  // unpacked row
+  const int warp = consumer * (kWarpgroupThreads / 32) + (threadIdx.x % kWarpgroupThreads) / 32;
+  const int64_t splits = p.order.num_splits;
+  for (int64_t r = warp * splits + tile.split; r < count; r += kWarps * splits)
+    merge_split_row<In == ptx::WgmmaInput::bf16>(p.combine, base + r, threadIdx.x % 32);
 }
 
 }  // namespace fa4::sm90

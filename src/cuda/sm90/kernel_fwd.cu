@@ -81,10 +81,6 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
   // Its one tile is its first, blockIdx's (scheduler.cuh); its range's partials are written above.
   if (p.cluster_combine) merge_tile_in_cluster<In, Row>(p, p.order.tile(int32_t(blockIdx.x)), consumer);
-#if FA4_AB_LAST_CTA_MERGE
-  if (p.merge_counters != nullptr)
-    merge_tile_if_last<In, Row>(p, p.order.tile(int32_t(blockIdx.x)), int32_t(blockIdx.x), consumer);
-#endif
 }
 
 template <ptx::WgmmaInput In, int Row, bool Varlen>
@@ -194,8 +190,6 @@ cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, bool varlen, c
     return e;
   });
 }
-
-bool fwd_kernels_merge_by_last_range() { return FA4_AB_LAST_CTA_MERGE != 0; }
 
 cudaError_t fwd_max_active_clusters(DType dtype, int head_dim, int row, bool varlen, uint32_t cluster, int* clusters) {
   *clusters = 0;

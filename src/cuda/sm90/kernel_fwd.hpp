@@ -23,7 +23,4 @@ cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, bool varlen, c
 // process. A size the device refuses gives 0.
 cudaError_t fwd_max_active_clusters(DType dtype, int head_dim, int row, bool varlen, uint32_t cluster, int* clusters);
 
-// Whether the forward kernels were built with the last-range split merge (-DFA4_AB_LAST_CTA_MERGE=1, perf-log F22).
-bool fwd_kernels_merge_by_last_range();
-
 }  // namespace fa4::sm90

@@ -239,19 +239,17 @@ FwdPlan plan_forward(const detail::Problem& p) {
   return plan;
 }
 
-// The split partials in a workspace: O (fp32 rows of head_dim), then the LSEs (fp32), then one 32-bit counter per
-// tile for the last-range merge (the A/B build FA4_AB_LAST_CTA_MERGE; at most one per unsplit row, in every build,
-// so that the size never depends on the build's switches).
+// The split partials in a workspace, per (split, batch, head, query row): O (fp32 rows of head_dim), then, from
+// the next 256-byte boundary, the LSEs (fp32).
 struct SplitWorkspaceLayout {
-  size_t lse_offset = 0, counters_offset = 0, bytes = 0;
+  size_t lse_offset = 0, bytes = 0;
 };
 SplitWorkspaceLayout split_workspace_layout(const detail::Problem& p, const FwdPlan& plan) {
   SplitWorkspaceLayout l;
   if (plan.splits <= 1) return l;
   const size_t rows = size_t(plan.splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
   l.lse_offset = (rows * size_t(p.head_dim) * 4 + 255) / 256 * 256;
-  l.counters_offset = l.lse_offset + (rows * 4 + 15) / 16 * 16;
-  l.bytes = l.counters_offset + rows / size_t(plan.splits) * 4;
+  l.bytes = l.lse_offset + rows * 4;
   return l;
 }
 size_t split_workspace_bytes(const detail::Problem& p, const FwdPlan& plan) {
@@ -299,25 +297,14 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     next tile while the last consumer still runs this one's tail and epilogue.
 //   FA4_FWD_CLUSTER_COMBINE (default 0; perf-log F17): 1 merges split-KV's ranges inside the forward where a tile's
 //     ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
-//   FA4_FWD_LAST_CTA_MERGE (perf-log F22): where the kernels are built with the last-range merge
-//     (-DFA4_AB_LAST_CTA_MERGE=1, fwd_kernels_merge_by_last_range) default 1, and 0 sends split-KV to the combine
-//     kernel; elsewhere 1 is refused by name.
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
-  bool last_cta_merge = false;  // the A/B build FA4_AB_LAST_CTA_MERGE=1 only (on there unless set to 0)
-  bool varlen_counter = true;   // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
+  bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
 };
 FwdSwitches read_fwd_switches(const char* call) {
-  // The kernels' build, not this file's define, decides (a define reaching one translation unit only would leave
-  // out unwritten: the combine kernel skipped and no merge in the forward).
-  const bool built = fwd_kernels_merge_by_last_range();
-  const bool last_cta_merge = env_switch(call, "FA4_FWD_LAST_CTA_MERGE", built);
-  if (last_cta_merge && !built)
-    throw Error(Status::unsupported, std::string(call) + ": environment FA4_FWD_LAST_CTA_MERGE: expected 0 or unset "
-                                                         "in a build without -DFA4_AB_LAST_CTA_MERGE=1, got '1'");
   return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
-          last_cta_merge, env_switch(call, "FA4_FWD_VARLEN_COUNTER", true)};
+          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true)};
 }
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
@@ -471,7 +458,6 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
 
   // Split partials: the caller's workspace, or stream-ordered memory (freed on every path).
   std::optional<StreamOrderedBuffer> owned;
-  uint32_t* merge_counters = nullptr;  // the workspace's tile counters (split only)
   if (split) {
     uint8_t* base = static_cast<uint8_t*>(workspace.data);
     if (base == nullptr) {
@@ -485,7 +471,6 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     const SplitWorkspaceLayout layout = split_workspace_layout(p, plan);
     params.o_partial = reinterpret_cast<float*>(base);
     params.lse_partial = reinterpret_cast<float*>(base + layout.lse_offset);
-    merge_counters = reinterpret_cast<uint32_t*>(base + layout.counters_offset);
   }
 
   if (split) {  // the combine's view is the unpacked one: partial rows are laid out the same in both
@@ -513,15 +498,6 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   params.cluster_combine =
       merges_in_cluster(call, switches, p, row, /*varlen=*/cache != nullptr, plan.splits, num_tiles, sms);
-  // The last-range merge (the A/B build FA4_AB_LAST_CTA_MERGE=1, unless FA4_FWD_LAST_CTA_MERGE=0; perf-log F22):
-  // every tile once in the grid (one range per CTA), its counters zeroed on the stream (a memset node under
-  // capture) before the launch.
-  if (switches.last_cta_merge && split && !params.cluster_combine && num_tiles <= sms) {
-    params.merge_counters = merge_counters;
-    throw_if_cuda_error(call,
-                        cudaMemsetAsync(merge_counters, 0, size_t(num_tiles / plan.splits) * sizeof(uint32_t), cu_stream),
-                        "cudaMemsetAsync of the split tiles' counters");
-  }
   std::optional<StreamOrderedBuffer> counter;
   apply_switches_and_zero_tile_counter(call, switches, params, cu_stream, counter);
 #if FA4_TRACE
@@ -529,7 +505,6 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
       "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
           std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + " (row " + std::to_string(row) + ")" +
           (split ? " splits " + std::to_string(plan.splits) : "") + (params.cluster_combine ? " cluster-combine" : "") +
-          (params.merge_counters != nullptr ? " last-cta-merge" : "") +
           (plan.pack_gqa ? " gqa-packed" : ""),
       grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
@@ -542,7 +517,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
                                         params.cluster_combine ? uint32_t(plan.splits) : 1u, cu_stream),
                       "sm_90a forward launch failed");
   if (counter) counter->free(call);
-  if (split && !params.cluster_combine && params.merge_counters == nullptr)
+  if (split && !params.cluster_combine)
     throw_if_cuda_error(call, launch_split_combine(p.dtype, params.combine, cu_stream), "split-KV combine launch failed");
   if (owned) owned->free(call);
 }

@@ -91,11 +91,6 @@ struct FwdParams {
   int32_t kv_box_rows = 0;
   CUtensorMap v_map16;  // boxes {64, 16, 1, 1}
   CUtensorMap v_map1;   // boxes {64, 1, 1, 1}
-  // Split-KV merged by each tile's last range to finish (A/B build FA4_AB_LAST_CTA_MERGE=1; launch.cu), where the
-  // grid is every tile once (one CTA per range, a tile's ranges consecutive): one counter per tile, zeroed on the
-  // stream before the launch; null: the combine kernel or the cluster merges. Last in the struct: the other fields keep
-  // their offsets (and the kernels their SASS) with the switch off.
-  uint32_t* merge_counters = nullptr;
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif

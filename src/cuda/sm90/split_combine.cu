@@ -1,7 +1,6 @@
 // Split-KV's second launch: merges the forward's per-range partials into out and lse, one warp per query row
 // (merge_split_row, split_combine.cuh). The forward merges them itself when a tile's ranges run as one cluster
-// (FwdParams::cluster_combine), or, in the A/B build FA4_AB_LAST_CTA_MERGE, when every tile runs once
-// (FwdParams::merge_counters); this kernel covers the rest.
+// (FwdParams::cluster_combine); this kernel covers the rest (more ranges than a cluster holds, or tiles than SMs).
 #include <cuda_runtime.h>
 
 #include <cstdint>

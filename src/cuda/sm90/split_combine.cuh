@@ -1,8 +1,7 @@
 // Split-KV's merge of one query row: the partials of the forward's key ranges (fp32 O normalised over its range,
 // and its LSE; params.hpp) into out and lse with the LSE rule of numerics/split_merge.hpp, the attention sink
 // joining the denominator once, here. One warp per row. Run by the combine kernel (split_combine.cu) and, when
-// a tile's ranges run as one cluster, by the forward's consumer warps after the cluster barrier, or in the A/B
-// build FA4_AB_LAST_CTA_MERGE by the tile's last range to finish (epilogue.cuh).
+// a tile's ranges run as one cluster, by the forward's consumer warps after the cluster barrier (epilogue.cuh).
 // Nothing waits on one load at a time (each is a trip to DRAM or L2, and a row has up to 64 ranges): the lanes
 // read the ranges' LSEs together (lane l: ranges l, l + 32, ...) and join their merge states by shuffles; then
 // each lane owns 4 columns (a float4 of every range's O, loads issued 16 ranges ahead of their use; the first 16
@@ -40,9 +39,8 @@ __device__ __forceinline__ void store_columns(uint16_t* out, float4 acc, bool pa
 }  // namespace split_combine_detail
 
 // Row `row` of the unpacked [batch][heads_q][seqlen_q] rows (0 <= row < rows), by the whole warp (lane = its lane).
-// The partials are read with plain loads: the forward that wrote them has finished (the combine kernel), or
-// released them at cluster scope (barrier.cluster, which this warp's threads have waited on), or at gpu scope to
-// the tile counter whose acquire this CTA's count made (the last-range merge).
+// The partials are read with plain loads: the forward that wrote them has finished (the combine kernel) or
+// released them at cluster scope (barrier.cluster, which this warp's threads have waited on).
 template <bool Bf16>
 __device__ __forceinline__ void merge_split_row(const SplitCombineParams& p, int64_t row, int lane) {
   using namespace split_combine_detail;
