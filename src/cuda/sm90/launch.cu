@@ -297,6 +297,8 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     next tile while the last consumer still runs this one's tail and epilogue.
 //   FA4_FWD_CLUSTER_COMBINE (default 0; perf-log F17): 1 merges split-KV's ranges inside the forward where a tile's
 //     ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
+//   FA4_FWD_VARLEN_COUNTER (default 1; perf-log F24): a variable-length batch's tiles handed out by the tile
+//     counter; 0 walks them in a fixed stride.
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
