@@ -312,6 +312,10 @@ void bench(const BenchArgs& a) {
   const bool cuda = a.backend == "cuda";
   if (cuda && !gpu::unavailable_reason().empty())
     throw Error(Status::unsupported, "fa4 bench: --backend cuda: " + gpu::unavailable_reason());
+  // The CPU backend is the default (its dtypes include f32, which the GPU kernels do not run): say so where a GPU
+  // could have run the rows, so a GPU session does not time the CPU by accident.
+  if (!cuda && gpu::unavailable_reason().empty())
+    fmt::print(stderr, "fa4 bench: timing the CPU backend (the default); --backend cuda times the GPU\n");
   json rows = json::array();
   if (!a.varlen.empty()) {
     fmt::print("{:<10} {:<5} {:>4} {:<7} {:>11} {:>9}\n", "pass", "dtype", "d", "mask", "ms", "TFLOP/s");
