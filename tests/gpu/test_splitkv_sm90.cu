@@ -294,19 +294,19 @@ void kernels_in_forward(const SplitCase& c, size_t* kernels) {
   cudaFree(ws);
 }
 
-// A merge inside the forward (environment `env` = 1) against the combine kernel (`env` = 0) on one case: the same
-// bits (the same merge of the same partials) and right against the reference; with launches >= 0, that many kernels
-// in the call. The workspace is the caller's and NaN-poisoned, so a merge reading a partial before its range wrote
+// The cluster merge (FA4_FWD_CLUSTER_COMBINE=1) against the combine kernel (=0) on one case: the same bits (the
+// same merge of the same partials) and right against the reference; with launches >= 0, that many kernels in the
+// call. The workspace is the caller's and NaN-poisoned, so a merge reading a partial before its range wrote
 // it reads NaN, not what an earlier run left in memory the allocator hands out again.
-void check_merge_against_the_combine_kernel(const char* env, SplitCase c, int launches) {
+void check_cluster_merge(SplitCase c, int launches) {
   c.caller_workspace = true;
   SCOPED_TRACE(c.name());
   SplitRun base;
   {
-    const EnvOverride off(env, "0");
+    const EnvOverride off("FA4_FWD_CLUSTER_COMBINE", "0");
     base = run_split_case(c, /*with_reference=*/false);
   }
-  const EnvOverride on(env, "1");
+  const EnvOverride on("FA4_FWD_CLUSTER_COMBINE", "1");
   check_split_case(c);
   const SplitRun merged = run_split_case(c, /*with_reference=*/false);
   EXPECT_TRUE(merged.out_bytes == base.out_bytes) << "out differs from the combine kernel's";
@@ -320,14 +320,14 @@ void check_merge_against_the_combine_kernel(const char* env, SplitCase c, int la
 // Every compiled instance, packed decode and unpacked rows, masks, softcap, sinks, lse, 2 .. 16 ranges, ranges left
 // empty: split or not, and merged in the forward or not, is the plan's (fewer key tiles than ranges: fewer ranges;
 // more tiles than SMs: the combine kernel); the bits and the reference are checked either way.
-void check_merges_over_every_instance(const char* env, uint64_t& seed) {
+void check_cluster_merge_over_every_instance(uint64_t& seed) {
   for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false))
     for (const SplitShape& s : kShapes)
       for (int splits : {2, 3, 7, 16}) {
         SplitCase c = split_case(s, dtype, head_dim, splits, ++seed);
         if (seed % 3 == 0) add_sinks(c, seed);
         SCOPED_TRACE("shape " + std::to_string(&s - kShapes));
-        check_merge_against_the_combine_kernel(env, c, /*launches=*/-1);
+        check_cluster_merge(c, /*launches=*/-1);
       }
 }
 
@@ -346,13 +346,13 @@ SplitCase decode_case(int splits, uint64_t seed) {
 TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
   REQUIRE_SM90();
   uint64_t seed = 7000;
-  check_merges_over_every_instance("FA4_FWD_CLUSTER_COMBINE", seed);
+  check_cluster_merge_over_every_instance(seed);
   // Launch counts where the plan is known: 2 .. 8 ranges of 8 packed tiles (clusters of up to 8, odd sizes too: one
   // launch), and 64 ranges (more than a cluster holds: the combine kernel, two). The fill rule's 16 ranges merge in clusters of
   // 16 only where the GPU runs eight of them at once (a GPC of 16 free SMs each): printed, not asserted.
   for (int splits : {2, 3, 4, 7, 8, 64, 0}) {
     const SplitCase c = decode_case(splits, ++seed);
-    check_merge_against_the_combine_kernel("FA4_FWD_CLUSTER_COMBINE", c, splits == 0 ? -1 : splits == 64 ? 2 : 1);
+    check_cluster_merge(c, splits == 0 ? -1 : splits == 64 ? 2 : 1);
     if (splits == 0) {
       const EnvOverride on("FA4_FWD_CLUSTER_COMBINE", "1");
       size_t kernels = 0;

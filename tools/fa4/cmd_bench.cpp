@@ -310,11 +310,11 @@ void bench_dense(const BenchArgs& a, nlohmann::json& rows) {
 void bench(const BenchArgs& a) {
   using nlohmann::json;
   const bool cuda = a.backend == "cuda";
-  if (cuda && !gpu::unavailable_reason().empty())
-    throw Error(Status::unsupported, "fa4 bench: --backend cuda: " + gpu::unavailable_reason());
+  const std::string no_gpu = gpu::unavailable_reason();
+  if (cuda && !no_gpu.empty()) throw Error(Status::unsupported, "fa4 bench: --backend cuda: " + no_gpu);
   // The CPU backend is the default (its dtypes include f32, which the GPU kernels do not run): say so where a GPU
   // could have run the rows, so a GPU session does not time the CPU by accident.
-  if (!cuda && gpu::unavailable_reason().empty())
+  if (!cuda && no_gpu.empty())
     fmt::print(stderr, "fa4 bench: timing the CPU backend (the default); --backend cuda times the GPU\n");
   json rows = json::array();
   if (!a.varlen.empty()) {

@@ -41,13 +41,6 @@
 #ifndef FA4_AB_D256_NO_TURNS
 #define FA4_AB_D256_NO_TURNS 0
 #endif
-// A/B candidate (off by default; perf-log F21): the producer of the instances with per-sequence geometry reads a
-// paged tile's page indices one K/V tile ahead (between the tile before's K and V issues), not just before the
-// tile's own K stage wait.
-#ifndef FA4_AB_PAGES_AHEAD
-#define FA4_AB_PAGES_AHEAD 0
-#endif
-static_assert(FA4_AB_PAGES_AHEAD == 0 || FA4_AB_PAGES_AHEAD == 1, "FA4_AB_PAGES_AHEAD: 0 or 1");
 
 namespace fa4::sm90 {
 

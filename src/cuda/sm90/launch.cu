@@ -593,9 +593,8 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
   params.order.num_splits = 1;
   // The static order handed out by the tile counter (perf-log F24: +6-13% over the fixed stride that
   // FA4_FWD_VARLEN_COUNTER=0 keeps); every tile takes its own sequence's sizes (a tile past them does nothing).
-  // A/B candidate
-  // FA4_AB_VARLEN_LPT (off by default, not yet measured): causal-shaped masks walk the longest-first order
-  // (query blocks last first over every sequence, the dense causal order) through the tile counter.
+  // A/B candidate FA4_AB_VARLEN_LPT (off by default, not yet measured): causal-shaped masks walk the
+  // longest-first order (query blocks last first over every sequence, the dense causal order) instead.
   params.order.lpt = FA4_AB_VARLEN_LPT && p.mask.right >= 0 && p.mask.left < 0;
   params.order.lpt_section = lpt_section(p, vl.max_seqlen_k, p.heads_q * vl.batch, q.device_index);
   params.mask = p.mask;      // built on the longest sizes; each tile puts its sequence's sizes in (scheduler.cuh)

@@ -6,9 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#if FA4_AB_PAGES_AHEAD
-#include <cuda_pipeline_primitives.h>
-#endif
 
 #include "cuda/pipeline/pipeline.cuh"
 #include "cuda/ptx/elect.cuh"
@@ -58,39 +55,6 @@ struct TilePages {
     return r;
   }
 };
-
-#if FA4_AB_PAGES_AHEAD
-// F21: the page indices of one K/V tile in shared memory (two slots, by the tile's parity), fetched by cp.async one
-// tile before they are used. Only the producer's elected thread touches them: its cp.async wait makes its own
-// copies visible to it, and a slot is refilled (tile n + 2) only after tile n's K and V issues have read it.
-template <int BlockN>
-struct PagesAhead {
-  static constexpr int kMaxBoxes = BlockN / 16;
-  int32_t (*slots)[kMaxBoxes];
-  __device__ __forceinline__ void fetch(const FwdParams& p, const SeqGeometry& geo, int32_t batch, int32_t n_block) {
-    if (p.page_table == nullptr) return;
-    int32_t* slot = slots[n_block & 1];
-    const int32_t key0 = n_block * BlockN, valid = geo.seqlen_k - key0;
-    const int32_t* row = p.page_table + int64_t(batch) * p.page_table_stride;
-#pragma unroll
-    for (int i = 0; i < kMaxBoxes; ++i)
-      if (i * p.kv_box_rows < BlockN && i * p.kv_box_rows < valid)
-        __pipeline_memcpy_async(slot + i, row + (key0 + i * p.kv_box_rows) / p.page_size, sizeof(int32_t));
-    __pipeline_commit();
-  }
-  // Tile n_block's indices: its fetch is the only one in flight (the next is issued after this), so waiting for
-  // all of them waits for nothing else. Boxes without keys read whatever the slot holds; they are never looked up.
-  __device__ __forceinline__ TilePages<BlockN> get(const FwdParams& p, int32_t n_block) const {
-    TilePages<BlockN> t{};
-    if (p.page_table == nullptr) return t;
-    __pipeline_wait_prior(0);
-    const int32_t* slot = slots[n_block & 1];
-#pragma unroll
-    for (int i = 0; i < kMaxBoxes; ++i) t.page[i] = slot[i];
-    return t;
-  }
-};
-#endif
 
 template <int HeadDim, int BlockN>
 __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const FwdParams& p, const SeqGeometry& geo,
@@ -156,8 +120,6 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
   using Ring = cuda::Pipeline<Config::kStages>;
-  // A/B (perf-log F21): a paged tile's page indices read one K/V tile ahead (only where pages can exist).
-  constexpr bool kPagesAhead = Varlen && FA4_AB_PAGES_AHEAD;
   if (!ptx::elect_one_sync()) return;
   trace::Recorder rec(FA4_TRACE_SINK(p), kFwdTraceLoadWriter, true);
 
@@ -198,12 +160,11 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     if (range.empty()) continue;  // the consumers write zeros without waiting for anything
     const int32_t kv_head = tile.head / p.group;
     // One K or V tile into its ring (K and V rings step together, on kv_stage).
-    using Pages = TilePages<Config::kBlockN>;
-    Pages pages;  // the current K/V tile's pages (paged caches)
+    TilePages<Config::kBlockN> pages;  // the current K/V tile's pages (paged caches)
     auto load_kv = [&](const Ring& ring, uint8_t (&tiles)[Config::kStages][Config::kKvTileBytes],
                        const CUtensorMap* map, const CUtensorMap* map16, const CUtensorMap* map1, int32_t head_step,
-                       int32_t batch_step, int32_t n_block, decltype(kv_stage) stage, const Pages& tile_pages) {
-      if constexpr (Varlen && !kPagesAhead)
+                       int32_t batch_step, int32_t n_block, decltype(kv_stage) stage) {
+      if constexpr (Varlen)
         if (map16 == nullptr) pages.read(p, geo, tile.batch, n_block);  // K's load comes first: read for both
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       ring.producer_acquire(stage);
@@ -213,20 +174,19 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
         load_kv_tile_in_sequence<HeadDim, Config::kBlockN>(tiles[stage.index], p, geo, map, map16, map1,
                                                            kv_head * head_step, tile.batch, tile.batch * batch_step,
                                                            n_block, ring.full_barrier(stage),
-                                                           &tile_pages);
+                                                           &pages);
       } else {
         (void)map16, (void)map1;
         load_tile<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
                                             tile.batch * batch_step, ring.full_barrier(stage));
       }
     };
-    auto load_k = [&](int32_t n_block, decltype(kv_stage) stage, const Pages& tile_pages) {
-      load_kv(k_ring, smem.k, &p.k_map, nullptr, nullptr, p.k_head_step, p.k_batch_step, n_block, stage, tile_pages);
+    auto load_k = [&](int32_t n_block, decltype(kv_stage) stage) {
+      load_kv(k_ring, smem.k, &p.k_map, nullptr, nullptr, p.k_head_step, p.k_batch_step, n_block, stage);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
     };
-    auto load_v = [&](int32_t n_block, decltype(kv_stage) stage, const Pages& tile_pages) {
-      load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block, stage,
-              tile_pages);
+    auto load_v = [&](int32_t n_block, decltype(kv_stage) stage) {
+      load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block, stage);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::v);
     };
     auto load_q = [&] {
@@ -239,31 +199,13 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       ++q_stage;
     };
     // K first: Q's stage frees only at the previous tile's last S.
-    if constexpr (kPagesAhead) {
-#if FA4_AB_PAGES_AHEAD
-      // Tile n + 1's page indices fetched into shared memory by cp.async between tile n's K and V issues, so
-      // their load runs under V(n)'s stage wait and K(n + 1)'s instead of on the path from K's stage release to
-      // its issue; no register holds them in flight (the producer's 40 registers spilled a second copy, and the
-      // spill's store waited for the load).
-      PagesAhead<Config::kBlockN> ahead{smem.kv_pages};
-      ahead.fetch(p, geo, tile.batch, range.begin);
-      for (int32_t n_block = range.begin; n_block < range.end; ++n_block, ++kv_stage) {
-        pages = ahead.get(p, n_block);
-        load_k(n_block, kv_stage, pages);
-        if (n_block == range.begin) load_q();
-        if (n_block + 1 < range.end) ahead.fetch(p, geo, tile.batch, n_block + 1);
-        load_v(n_block, kv_stage, pages);
-      }
-#endif
-    } else {
-      load_k(range.begin, kv_stage, pages);
-      load_q();
-      load_v(range.begin, kv_stage, pages);
-      ++kv_stage;
-      for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block, ++kv_stage) {
-        load_k(n_block, kv_stage, pages);
-        load_v(n_block, kv_stage, pages);
-      }
+    load_k(range.begin, kv_stage);
+    load_q();
+    load_v(range.begin, kv_stage);
+    ++kv_stage;
+    for (int32_t n_block = range.begin + 1; n_block < range.end; ++n_block, ++kv_stage) {
+      load_k(n_block, kv_stage);
+      load_v(n_block, kv_stage);
     }
   }
 }

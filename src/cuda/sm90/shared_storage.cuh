@@ -27,10 +27,6 @@ struct FwdSharedStorage {
   cuda::PipelineBarriers<1> q_ring;                // load -> mma: Q landed / every consumer done with it
   cuda::PipelineBarriers<kTileRingStages> tile_ring;  // load -> mma: the next work tile's index is published
   int32_t tile_slot[kTileRingStages];              // linear tile index; >= num_tiles: no more work
-#if FA4_AB_PAGES_AHEAD
-  // F21: a paged K/V tile's page indices, fetched a tile ahead by the producer (cp.async), two tiles' worth.
-  alignas(16) int32_t kv_pages[2][Config::kBlockN / 16];
-#endif
 };
 
 // Bytes to request at launch: the struct plus the slack that lets the kernel round the base up to 1024.
