@@ -63,6 +63,29 @@ CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUte
   return {collapsed(t, kHeads) ? 0 : 1, collapsed(t, kBatch) ? 0 : 1};
 }
 
+#if FA4_AB_PAGE_BOX
+// A paged cache [num_pages, page_size, h_kv, head_dim] as rank 5 {64, page_size, head_dim / 64, h_kv, num_pages}:
+// the third dimension is the head-dim chunk (128 bytes along the row), so a box {64, box_rows, chunks, 1, 1}
+// lands as [chunk][box_rows][128 B] in shared memory, every chunk of box_rows rows in one TMA operation (F25).
+void map_page_boxes(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUtensorMap* map) {
+  cuda::TmaTensorSpec spec;
+  spec.data = t.data;
+  spec.dtype = t.dtype;
+  spec.rank = 5;
+  spec.swizzle = cuda::TmaSwizzle::b128;
+  const int64_t es = int64_t(element_size(t.dtype));
+  const uint64_t chunks = uint64_t(head_dim / kSw128Columns);
+  spec.dims = {uint64_t(kSw128Columns), uint64_t(t.shape[kSeq]), chunks,
+               collapsed(t, kHeads) ? 1u : uint64_t(t.shape[kHeads]), collapsed(t, kBatch) ? 1u : uint64_t(t.shape[kBatch])};
+  spec.strides_bytes = {uint64_t(es), uint64_t(t.stride[kSeq] * es), uint64_t(kSw128Columns * es),
+                        collapsed(t, kHeads) ? 16u : uint64_t(t.stride[kHeads] * es),
+                        collapsed(t, kBatch) ? 16u : uint64_t(t.stride[kBatch] * es)};
+  if (t.shape[kSeq] == 1) spec.strides_bytes[1] = 16;
+  spec.box = {uint32_t(kSw128Columns), box_rows, uint32_t(chunks), 1u, 1u};
+  cuda::make_tma_tensor_map(spec, map);
+}
+#endif
+
 bool has_forward_kernel(DType dtype, int64_t head_dim) {
 #define FA4_IF_sm90(...) __VA_ARGS__
 #define FA4_IF_sm100(...)
@@ -409,6 +432,17 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     params.v_batch_step = v_steps.batch;
     if (cache != nullptr) map_value_tails(v, p.head_dim, params);
     params.kv_box_rows = int32_t(box_rows);
+#if FA4_AB_PAGE_BOX
+    // Boxes of all chunks where the kernel reads their image: the tile's own layout (one box per tile), or the
+    // d = 128 tile's two 64-row boxes (S per box, P·V across them: tiles.cuh).
+    const bool paged = cache != nullptr && cache->page_table != nullptr;
+    if (paged && p.head_dim >= 128 &&
+        (box_rows == uint32_t(tile.block_n) || (p.head_dim == 128 && tile.block_n == 128 && box_rows == 64))) {
+      map_page_boxes(k, p.head_dim, box_rows, &params.k_map_pages);
+      map_page_boxes(v, p.head_dim, box_rows, &params.v_map_pages);
+      params.kv_page_boxes = true;
+    }
+#endif
   }
   if (cache != nullptr) {
     params.seqused_k = cache->cache_seqlens;

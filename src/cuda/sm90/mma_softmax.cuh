@@ -283,6 +283,26 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     else
       return softmax_with(p.mask, s, n_block);
   };
+  // The GEMMs on a K / V stage's image: [chunk][block_n][128 B], or under the A/B candidate F25 a d = 128 paged
+  // tile of two 64-row boxes (tiles.cuh).
+#if FA4_AB_PAGE_BOX
+  constexpr bool kPageBoxable = Varlen && HeadDim == 128 && kBlockN == 2 * int(kPageBoxRows);
+  const bool page_boxes = kPageBoxable && p.kv_page_boxes && p.kv_box_rows == int32_t(kPageBoxRows);
+#endif
+  auto qk = [&](S& s, uint32_t k_tile) {
+#if FA4_AB_PAGE_BOX
+    if constexpr (kPageBoxable)
+      if (page_boxes) return issue_qk_page_boxes<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_tile);
+#endif
+    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_tile);
+  };
+  auto pv = [&](ptx::WgmmaFragmentA (&p_frag)[kKSteps], uint32_t v_tile) {
+#if FA4_AB_PAGE_BOX
+    if constexpr (kPageBoxable)
+      if (page_boxes) return issue_pv_page_boxes<In, HeadDim, kBlockN>(o, p_frag, v_tile);
+#endif
+    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_tile);
+  };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const cuda::Pipeline<1> q_ring(smem.q_ring);
   const TensorCoreTurn<Config::kTensorCoreTurns ? Config::kConsumerWarpgroups : 1> turn(consumer);
@@ -304,7 +324,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     // steady step or the tail, so each barrier stays balanced).
     if (p.prologue_turn) turn.wait();
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
-    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
+    qk(s, k_addr(st.k.index));
     FA4_TRACE_RECORD(rec, trace::Kind::s_issue, range.begin);
     if (p.prologue_turn) turn.hand_over(false);
     ptx::wgmma_wait_group<0>();
@@ -329,12 +349,12 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     k_ring.consumer_wait(st.k);
     turn.wait();
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
-    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
+    qk(s, k_addr(st.k.index));
     FA4_TRACE_RECORD(rec, trace::Kind::s_issue, n_block);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
     v_ring.consumer_wait(st.v);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
+    pv(p_frag, v_addr(st.v.index));
     FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, n_block - 1);
     turn.hand_over(false);
 
@@ -388,7 +408,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   v_ring.consumer_wait(st.v);
   turn.wait();
   FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-  issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
+  pv(p_frag, v_addr(st.v.index));
   FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, range.end - 1);
   turn.hand_over(true);
   ptx::wgmma_wait_group<0>();

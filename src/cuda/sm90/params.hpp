@@ -13,6 +13,12 @@
 #include "cuda/sm90/tile_order.hpp"
 #include "trace/format.hpp"
 
+// A/B candidate F25 (off by default; perf-log): a paged K/V box as one TMA operation for all its head-dim chunks.
+// Passed in CMAKE_CUDA_FLAGS, so it reaches every .cu file that sees FwdParams (host launcher and kernels alike).
+#ifndef FA4_AB_PAGE_BOX
+#define FA4_AB_PAGE_BOX 0
+#endif
+
 namespace fa4::sm90 {
 
 struct FwdParams {
@@ -91,6 +97,17 @@ struct FwdParams {
   int32_t kv_box_rows = 0;
   CUtensorMap v_map16;  // boxes {64, 16, 1, 1}
   CUtensorMap v_map1;   // boxes {64, 1, 1, 1}
+#if FA4_AB_PAGE_BOX
+  // A/B candidate F25 (a build define; perf-log): a paged cache's K/V box of kv_box_rows rows loaded for every
+  // head-dim chunk at once (rank-5 maps {64, page_size, head_dim / 64, h_kv, num_pages} whose third dimension
+  // steps 128 bytes along the row; boxes {64, kv_box_rows, head_dim / 64, 1, 1}), one TMA operation per box
+  // instead of one per chunk. Shared memory then holds a tile as [box][chunk][kv_box_rows][128 B]: the same
+  // image as [chunk][block_n][128 B] when kv_box_rows == block_n; else (d = 128, 64-row pages: two boxes) S is
+  // issued per box and P·V steps over the boxes (tiles.cuh). kv_page_boxes: these maps are set and used.
+  CUtensorMap k_map_pages;
+  CUtensorMap v_map_pages;
+  bool kv_page_boxes = false;
+#endif
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif
