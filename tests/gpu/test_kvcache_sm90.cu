@@ -212,14 +212,15 @@ TEST(GpuKvCacheSm90, SplitsAppendsAndPrefillChunks) {
 }
 
 // Prefill over a paged cache on every tile row of the head dims whose K/V tiles span several 64-column chunks
-// (their page boxes: one box per tile where the page holds a whole tile, two 64-row boxes at d = 128 with 64-row
-// pages), with pages of 64, 128 and 32 rows and sequences ending inside a box, inside a tile and on a page's end.
+// (F25's page boxes: one box per tile where a page holds a whole tile, as d = 192 with 96-row pages; two 64-row
+// boxes at d = 128 with 64-row pages), with pages of 32, 64, 96 and 128 rows and sequences ending inside a box,
+// inside a tile and on a page's end.
 TEST(GpuKvCacheSm90, PagedPrefillEveryRowAndPageSize) {
   REQUIRE_SM90();
   uint64_t seed = 990;
   for (int64_t head_dim : {128, 192, 256}) {
     for (int64_t seqlen_q : {1, 37, 150}) {
-      for (int64_t page : {32, 64, 128}) {
+      for (int64_t page : {32, 64, 96, 128}) {
         CacheCase c;
         c.head_dim = head_dim, c.heads_q = 4, c.heads_kv = 2, c.seqlen_q = seqlen_q, c.seqlen_new = seqlen_q;
         c.page_size = page, c.capacity = page * (1024 / page), c.seed = ++seed;

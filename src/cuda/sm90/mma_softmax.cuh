@@ -283,25 +283,27 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     else
       return softmax_with(p.mask, s, n_block);
   };
-  // The GEMMs on a K / V stage's image: [chunk][block_n][128 B], or under the A/B candidate F25 a d = 128 paged
-  // tile of two 64-row boxes (tiles.cuh).
+  // The GEMMs on a K / V stage's image: [chunk][block_n][128 B], or under the A/B candidate F25 in the d = 128
+  // instances with per-sequence geometry either that or a paged tile's two 64-row boxes (tiles.cuh: one path).
 #if FA4_AB_PAGE_BOX
-  constexpr bool kPageBoxable = Varlen && HeadDim == 128 && kBlockN == 2 * int(kPageBoxRows);
-  const bool page_boxes = kPageBoxable && p.kv_page_boxes && p.kv_box_rows == int32_t(kPageBoxRows);
+  constexpr bool kHalves = Varlen && HeadDim == 128 && kBlockN == 128;
+  const KvImage image = KvImage::of(kHalves && p.kv_page_boxes && p.kv_box_rows == 64);
 #endif
   auto qk = [&](S& s, uint32_t k_tile) {
 #if FA4_AB_PAGE_BOX
-    if constexpr (kPageBoxable)
-      if (page_boxes) return issue_qk_page_boxes<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_tile);
+    if constexpr (kHalves)
+      issue_qk_halves<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_tile, image);
+    else
 #endif
-    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_tile);
+      issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_tile);
   };
   auto pv = [&](ptx::WgmmaFragmentA (&p_frag)[kKSteps], uint32_t v_tile) {
 #if FA4_AB_PAGE_BOX
-    if constexpr (kPageBoxable)
-      if (page_boxes) return issue_pv_page_boxes<In, HeadDim, kBlockN>(o, p_frag, v_tile);
+    if constexpr (kHalves)
+      issue_pv_halves<In, HeadDim, kBlockN>(o, p_frag, v_tile, image);
+    else
 #endif
-    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_tile);
+      issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_tile);
   };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const cuda::Pipeline<1> q_ring(smem.q_ring);
