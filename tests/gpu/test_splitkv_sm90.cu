@@ -363,4 +363,49 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
   }
 }
 
+#if FA4_AB_KV_PAIR
+// F26 (a build define, -DFA4_AB_KV_PAIR=1; compiled only there): the dense non-causal forward as K/V-sharing
+// CTA pairs (FA4_FWD_KV_PAIR, on by default in that build) against the one-CTA kernel (=0): the same bits (each
+// CTA computes its own tiles from the same K/V; only who loads them changes) and right against the reference.
+// Odd counts of query blocks (the last pair's second block lies past seqlen_q), GQA, key tails, softcap, sinks,
+// and shapes the pair does not take (causal, a window, split-KV, one query block): those run unpaired either way.
+TEST(GpuSplitKvSm90, KvPairMatchesOneCta) {
+  REQUIRE_SM90();
+  struct PairShape {
+    int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+    bool causal;
+    int64_t window_left;
+    float softcap;
+    int splits;
+  };
+  const PairShape shapes[] = {
+      {1, 300, 1000, 4, 2, false, -1, 0.0f, 1}, {2, 256, 257, 2, 2, false, -1, 0.0f, 1},
+      {1, 640, 130, 6, 1, false, -1, 30.0f, 1}, {3, 129, 2048, 2, 2, false, -1, 0.0f, 1},
+      {1, 384, 700, 4, 2, true, -1, 0.0f, 1},   {1, 384, 700, 4, 2, false, 50, 0.0f, 1},
+      {1, 300, 4000, 2, 2, false, -1, 0.0f, 3}, {1, 100, 500, 2, 2, false, -1, 0.0f, 1},
+  };
+  uint64_t seed = 8000;
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false))
+    for (const PairShape& s : shapes) {
+      SplitCase c;
+      c.dtype = dtype, c.head_dim = head_dim, c.seed = ++seed;
+      c.batch = s.batch, c.seqlen_q = s.seqlen_q, c.seqlen_k = s.seqlen_k, c.heads_q = s.heads_q, c.heads_kv = s.heads_kv;
+      c.options.causal = s.causal, c.options.window_left = s.window_left, c.options.softcap = s.softcap;
+      c.options.num_splits = s.splits;
+      if (seed % 3 == 0) add_sinks(c, seed);
+      SCOPED_TRACE(c.name());
+      SplitRun one;
+      {
+        const EnvOverride off("FA4_FWD_KV_PAIR", "0");
+        one = run_split_case(c, /*with_reference=*/false);
+      }
+      const EnvOverride on("FA4_FWD_KV_PAIR", "1");
+      check_split_case(c);
+      const SplitRun paired = run_split_case(c, /*with_reference=*/false);
+      EXPECT_TRUE(paired.out_bytes == one.out_bytes) << "out differs from the one-CTA kernel's";
+      EXPECT_TRUE(paired.lse_bytes == one.lse_bytes) << "lse differs from the one-CTA kernel's";
+    }
+}
+#endif
+
 }  // namespace

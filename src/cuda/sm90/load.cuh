@@ -165,6 +165,10 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   auto q_stage = cuda::producer_start_state<1>();
   auto tile_stage = cuda::producer_start_state<kTileRingStages>();
   const TileScheduler<Varlen> scheduler(p);
+#if FA4_AB_KV_PAIR
+  const bool kv_pair = kv_pair_active<Row, Varlen>(p);
+  const uint32_t pair_rank = kv_pair ? ptx::cluster_ctarank() : 0u;
+#endif
   for (int32_t linear = scheduler.first();; linear = scheduler.next(linear)) {
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
     tile_ring.producer_acquire(tile_stage);
@@ -211,6 +215,14 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
                                                            n_block, ring.full_barrier(stage), &pages, map_boxes);
       } else {
         (void)map16, (void)map1;
+#if FA4_AB_KV_PAIR
+        if (kv_pair) {  // F26: this CTA's half of the chunks, into both CTAs' stage
+          load_tile_pair_half<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN,
+                                                        kv_head * head_step, tile.batch * batch_step,
+                                                        ring.full_barrier(stage), pair_rank);
+          return;
+        }
+#endif
         load_tile<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
                                             tile.batch * batch_step, ring.full_barrier(stage));
       }

@@ -307,11 +307,23 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const cuda::Pipeline<1> q_ring(smem.q_ring);
+  // A K or V stage this warpgroup is done with: one release per warp, and under F26's pair one on the peer's
+  // barrier too (its producer wrote half of this CTA's stage, and this CTA's producer half of the peer's).
+#if FA4_AB_KV_PAIR
+  const bool kv_pair = kv_pair_active<Row, Varlen>(p);
+  const uint32_t peer = kv_pair ? ptx::cluster_ctarank() ^ 1u : 0u;
+#endif
+  auto release_kv = [&](const Ring& ring, typename Ring::State stage) {
+    release_per_warp(ring, stage);
+#if FA4_AB_KV_PAIR
+    if (kv_pair && threadIdx.x % 32 == 0) ring.consumer_release_peer(stage, peer);
+#endif
+  };
   const TensorCoreTurn<Config::kTensorCoreTurns ? Config::kConsumerWarpgroups : 1> turn(consumer);
   turn.start();
   q_ring.consumer_wait(st.q);
   auto s_done = [&](int32_t n_block) {  // the S of n_block has landed: its K (and after the last, Q) is free
-    release_per_warp(k_ring, st.k);
+    release_kv(k_ring, st.k);
     ++st.k;
     if (n_block == range.end - 1 && release_q) release_per_warp(q_ring, st.q);
   };
@@ -383,7 +395,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     FA4_TRACE_RECORD(rec, trace::Kind::pv_done, n_block - 1);
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
-    release_per_warp(v_ring, st.v);
+    release_kv(v_ring, st.v);
     ++st.v;
     apply_rescale<HeadDim>(o, rescale);
 #pragma unroll
@@ -416,7 +428,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   ptx::wgmma_wait_group<0>();
   ptx::wgmma_fence_operand(o);
   FA4_TRACE_RECORD(rec, trace::Kind::pv_done, range.end - 1);
-  release_per_warp(v_ring, st.v);
+  release_kv(v_ring, st.v);
   ++st.v;
 }
 

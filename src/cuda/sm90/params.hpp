@@ -18,6 +18,11 @@
 #ifndef FA4_AB_PAGE_BOX
 #define FA4_AB_PAGE_BOX 0
 #endif
+// A/B candidate F26 (off by default; perf-log): the dense non-causal forward at d = 128 and 256 as 2-CTA clusters
+// that load each K/V tile once per pair (TMA multicast of each CTA's half of the chunks). Passed the same way.
+#ifndef FA4_AB_KV_PAIR
+#define FA4_AB_KV_PAIR 0
+#endif
 
 namespace fa4::sm90 {
 
@@ -60,6 +65,15 @@ struct FwdParams {
   // (epilogue.cuh, merge_split_row) with `combine`, the combine kernel's view of the call (unpacked rows).
   bool cluster_combine = false;
   SplitCombineParams combine;
+#if FA4_AB_KV_PAIR
+  // F26: the grid is clusters of two consecutive CTAs that walk the same heads' K/V tiles in lockstep, on
+  // neighbouring query blocks (the order's num_m_blocks rounded up to even, so a pair's linear tiles are 2i and
+  // 2i + 1; a block past seqlen_q computes on zero rows and stores nothing). Each CTA loads its half of every K/V
+  // tile's head-dim chunks into both CTAs' stage (multicast); a stage is refilled once both CTAs' consumers have
+  // released it (the K/V rings' empty barriers count the peer's warps too). Dense, non-causal, no window, no split,
+  // an even number of chunks (d = 128, 256): the pair's ranges must be the same tiles.
+  bool kv_pair = false;
+#endif
 
   int32_t seqlen_q = 0, seqlen_k = 0;
   int32_t group = 1;  // query heads per kv head: kv head = h / group

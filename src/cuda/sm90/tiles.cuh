@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/swizzle.hpp"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -107,6 +108,27 @@ __device__ __forceinline__ void load_tile_in_sequence(uint8_t* smem_tile, const 
   for (; r % 16 != 0; ++r) issue(map1, r, -1);
 #pragma unroll 1
   for (; r < Rows; r += 16) issue(map16, r, -16);
+}
+
+// A CTA pair's share of a [Rows][HeadDim] tile (the backward's Q or dO, the forward's K or V under F26): this CTA's
+// half, TMA-multicast into both CTAs' stage (same offsets), signalling both CTAs' full barriers at `full`'s offset.
+// Rows split when the tile is one head-dim chunk (the map's box is Rows / 2 rows), else the chunks split.
+template <int HeadDim, int Rows>
+__device__ __forceinline__ void load_tile_pair_half(uint8_t* smem_tile, const CUtensorMap* map, int32_t row,
+                                                    int32_t head, int32_t batch, uint64_t* full, uint32_t rank) {
+  constexpr int kChunks = HeadDim / kSw128Columns;
+  constexpr uint16_t kBothCtas = 0b11;
+  if constexpr (kChunks == 1) {
+    const int32_t coords[4] = {0, row + int32_t(rank) * (Rows / 2), head, batch};
+    ptx::tma_load_multicast(smem_tile + rank * (Rows / 2) * ptx::kSw128RowBytes, map, coords, full, kBothCtas);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kChunks / 2; ++c) {
+      const int chunk = int(rank) * (kChunks / 2) + c;
+      const int32_t coords[4] = {chunk * kSw128Columns, row, head, batch};
+      ptx::tma_load_multicast(smem_tile + chunk * Rows * ptx::kSw128RowBytes, map, coords, full, kBothCtas);
+    }
+  }
 }
 
 // Issues S = Q·Kᵀ over head_dim / 16 k-steps (one commit group); the caller waits. q_rows: this warpgroup's
