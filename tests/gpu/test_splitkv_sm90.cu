@@ -367,8 +367,9 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
 // F26 (a build define, -DFA4_AB_KV_PAIR=1; compiled only there): the dense non-causal forward as K/V-sharing
 // CTA pairs (FA4_FWD_KV_PAIR, on by default in that build) against the one-CTA kernel (=0): the same bits (each
 // CTA computes its own tiles from the same K/V; only who loads them changes) and right against the reference.
-// Odd counts of query blocks (the last pair's second block lies past seqlen_q), GQA, key tails, softcap, sinks,
-// and shapes the pair does not take (causal, a window, split-KV, one query block): those run unpaired either way.
+// Odd counts of query blocks (the last pair's second block lies past seqlen_q), GQA, key tails, softcap, sinks, a
+// walk of several tiles per CTA, and shapes the pair does not take (causal, a window, split-KV, one query block):
+// those run unpaired either way. (Whether a call paired is not observable here; the trace labels it.)
 TEST(GpuSplitKvSm90, KvPairMatchesOneCta) {
   REQUIRE_SM90();
   struct PairShape {
@@ -383,6 +384,9 @@ TEST(GpuSplitKvSm90, KvPairMatchesOneCta) {
       {1, 640, 130, 6, 1, false, -1, 30.0f, 1}, {3, 129, 2048, 2, 2, false, -1, 0.0f, 1},
       {1, 384, 700, 4, 2, true, -1, 0.0f, 1},   {1, 384, 700, 4, 2, false, 50, 0.0f, 1},
       {1, 300, 4000, 2, 2, false, -1, 0.0f, 3}, {1, 100, 500, 2, 2, false, -1, 0.0f, 1},
+      // More tiles than the grid (d = 128: 10 rounded blocks × 16 heads × 2 = 320): several tiles per CTA, blocks
+      // past seqlen_q in the middle of a walk, the stages' phases and Q's turnover across tiles.
+      {2, 1100, 700, 16, 8, false, -1, 0.0f, 1},
   };
   uint64_t seed = 8000;
   for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false))

@@ -583,7 +583,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   params.trace = trace::begin_launch(
       "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
           std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + " (row " + std::to_string(row) + ")" +
-          (split ? " splits " + std::to_string(plan.splits) : "") + (params.cluster_combine ? " cluster-combine" : "") +
+          (split ? " splits " + std::to_string(plan.splits) : "") + (params.cluster_combine ? " cluster-combine" : "") + (fwd_cluster_size(params) == 2 ? " kv-pair" : "") +
           (plan.pack_gqa ? " gqa-packed" : ""),
       grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
