@@ -316,7 +316,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   auto release_kv = [&](const Ring& ring, typename Ring::State stage) {
     release_per_warp(ring, stage);
 #if FA4_AB_KV_PAIR
-    if (kv_pair && threadIdx.x % 32 == 0) ring.consumer_release_peer(stage, peer);
+    if (kv_pair && threadIdx.x % 32 == 0) ring.consumer_release_peer_after_reads(stage, peer);
 #endif
   };
   const TensorCoreTurn<Config::kTensorCoreTurns ? Config::kConsumerWarpgroups : 1> turn(consumer);
