@@ -212,9 +212,8 @@ TEST(GpuKvCacheSm90, SplitsAppendsAndPrefillChunks) {
 }
 
 // Prefill over a paged cache on every tile row of the head dims whose K/V tiles span several 64-column chunks
-// (F25's page boxes: one box per tile where a page holds a whole tile, as d = 192 with 96-row pages; two 64-row
-// boxes at d = 128 with 64-row pages), with pages of 32, 64, 96 and 128 rows and sequences ending inside a box,
-// inside a tile and on a page's end.
+// (d = 128, 192, 256: one query, a short chunk, more than a 128-row tile), with pages of 32, 64, 96 and 128 rows
+// (boxes of a whole tile or of part of one) and sequences ending inside a box, inside a tile and on a page's end.
 TEST(GpuKvCacheSm90, PagedPrefillEveryRowAndPageSize) {
   REQUIRE_SM90();
   uint64_t seed = 990;

@@ -81,10 +81,6 @@ class Pipeline {
   __device__ void consumer_release_peer(State st, uint32_t rank) const {
     ptx::mbarrier_arrive_peer(ptx::peer_shared(&b_.empty[st.index], rank));
   }
-  // The same for a consumer whose reads of the stage have completed (wgmma waited): no cluster-scope fence.
-  __device__ void consumer_release_peer_after_reads(State st, uint32_t rank) const {
-    ptx::mbarrier_arrive_peer_after_reads(ptx::peer_shared(&b_.empty[st.index], rank));
-  }
 
  private:
   PipelineBarriers<Stages>& b_;

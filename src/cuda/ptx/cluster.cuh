@@ -37,15 +37,6 @@ __device__ __forceinline__ void mbarrier_arrive_peer(uint64_t* peer_bar) {
                                peer_bar);
 }
 
-// The same arrival without a release, for a consumer whose reads of the stage have completed (a wgmma wait):
-// nothing of this thread's needs publishing to the peer, and the cluster-scope release above costs a
-// MEMBAR.ALL.GPU before every arrival (SASS; F26's first run: the K/V pair at 0.65x of one CTA). CUTLASS's
-// multicast pipelines release their consumers' stages with no cluster-scope fence either (.release.cta).
-__device__ __forceinline__ void mbarrier_arrive_peer_after_reads(uint64_t* peer_bar) {
-  ::cuda::ptx::mbarrier_arrive(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cluster, ::cuda::ptx::space_cluster,
-                               peer_bar);
-}
-
 // Blocks until the phase with this parity of a barrier in this CTA's shared memory has completed, acquiring at
 // cluster scope what a peer released with mbarrier_arrive_peer (the CTA-scope wait of mbarrier.cuh is what
 // CUTLASS uses and works in practice; the memory model asks for this one). Traps after FA4_MBARRIER_TIMEOUT_NS

@@ -24,8 +24,7 @@ namespace fa4::sm90 {
 namespace {
 
 // The role table: warpgroup 0 produces (its warp 0 issues TMA and walks the tiles; it gives registers back and
-// its other three warps have nothing to do: they exit, or in a cluster wait at its final barrier), warpgroups
-// 1 .. block_m/64 consume (64 query rows each) and take the registers.
+// its other three warps exit), warpgroups 1 .. block_m/64 consume (64 query rows each) and take the registers.
 enum class Role { load, mma_softmax_epilogue };
 
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
@@ -82,9 +81,6 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
   // Its one tile is its first, blockIdx's (scheduler.cuh); its range's partials are written above.
   if (p.cluster_combine) merge_tile_in_cluster<In, Row>(p, p.order.tile(int32_t(blockIdx.x)), consumer);
-#if FA4_AB_KV_PAIR
-  if (kv_pair_active<Row, Varlen>(p)) ptx::cluster_sync();  // as the producer's (fwd_kernel)
-#endif
 }
 
 template <ptx::WgmmaInput In, int Row, bool Varlen>
@@ -96,14 +92,8 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     // store-and-arrive. A stage is free once every consumer warp has released it: K/V/Q after its wgmma wait,
     // a tile slot after its lane 0 has read it.
     constexpr uint32_t kReleases = kReleasesPerConsumerWarpgroup * Config::kConsumerWarpgroups;
-#if FA4_AB_KV_PAIR
-    // F26: a K/V stage is written by both CTAs of the pair, so both CTAs' consumer warps release it.
-    const uint32_t kv_releases = kv_pair_active<Row, Varlen>(p) ? 2 * kReleases : kReleases;
-#else
-    const uint32_t kv_releases = kReleases;
-#endif
-    cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kv_releases);
-    cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kv_releases);
+    cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kReleases);
+    cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
     cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
     cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases);
     // Whatever the stream launches next as a programmatic dependent may become resident now, on the SMs this grid
@@ -118,9 +108,6 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
   // memory (inputs it may be producing, outputs or a workspace it may still be reading) until it is done.
   cudaGridDependencySynchronize();
   __syncthreads();
-#if FA4_AB_KV_PAIR
-  if (kv_pair_active<Row, Varlen>(p)) ptx::cluster_sync();  // the peer's barriers exist before anything signals them
-#endif
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (role_of(warpgroup) == Role::load) {
@@ -129,10 +116,6 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     // The merge's cluster barrier (merge_tile_in_cluster): every thread of the cluster takes part, as in the
     // backward's pair (barrier.cluster waits for the threads that have not exited; this does not lean on that).
     if (p.cluster_combine) ptx::cluster_sync();
-#if FA4_AB_KV_PAIR
-    // No CTA of a pair exits while its peer may still multicast into its stages or arrive on its barriers.
-    if (kv_pair_active<Row, Varlen>(p)) ptx::cluster_sync();
-#endif
     return;
   }
   if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_inc<Config::kConsumerRegisters>();

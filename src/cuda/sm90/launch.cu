@@ -63,29 +63,6 @@ CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUte
   return {collapsed(t, kHeads) ? 0 : 1, collapsed(t, kBatch) ? 0 : 1};
 }
 
-#if FA4_AB_PAGE_BOX
-// A paged cache [num_pages, page_size, h_kv, head_dim] as rank 5 {64, page_size, head_dim / 64, h_kv, num_pages}:
-// the third dimension is the head-dim chunk (128 bytes along the row), so a box {64, box_rows, chunks, 1, 1}
-// lands as [chunk][box_rows][128 B] in shared memory, every chunk of box_rows rows in one TMA operation (F25).
-void map_page_boxes(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUtensorMap* map) {
-  cuda::TmaTensorSpec spec;
-  spec.data = t.data;
-  spec.dtype = t.dtype;
-  spec.rank = 5;
-  spec.swizzle = cuda::TmaSwizzle::b128;
-  const int64_t es = int64_t(element_size(t.dtype));
-  const uint64_t chunks = uint64_t(head_dim / kSw128Columns);
-  spec.dims = {uint64_t(kSw128Columns), uint64_t(t.shape[kSeq]), chunks,
-               collapsed(t, kHeads) ? 1u : uint64_t(t.shape[kHeads]), collapsed(t, kBatch) ? 1u : uint64_t(t.shape[kBatch])};
-  spec.strides_bytes = {uint64_t(es), uint64_t(t.stride[kSeq] * es), uint64_t(kSw128Columns * es),
-                        collapsed(t, kHeads) ? 16u : uint64_t(t.stride[kHeads] * es),
-                        collapsed(t, kBatch) ? 16u : uint64_t(t.stride[kBatch] * es)};
-  if (t.shape[kSeq] == 1) spec.strides_bytes[1] = 16;
-  spec.box = {uint32_t(kSw128Columns), box_rows, uint32_t(chunks), 1u, 1u};
-  cuda::make_tma_tensor_map(spec, map);
-}
-#endif
-
 bool has_forward_kernel(DType dtype, int64_t head_dim) {
 #define FA4_IF_sm90(...) __VA_ARGS__
 #define FA4_IF_sm100(...)
@@ -326,34 +303,11 @@ struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
-  bool kv_pair = false;        // F26 (a build define): K/V-sharing CTA pairs where they apply (FA4_FWD_KV_PAIR)
 };
 FwdSwitches read_fwd_switches(const char* call) {
-  FwdSwitches s{env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
-                env_switch(call, "FA4_FWD_VARLEN_COUNTER", true)};
-#if FA4_AB_KV_PAIR
-  s.kv_pair = env_switch(call, "FA4_FWD_KV_PAIR", true);
-#endif
-  return s;
+  return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
+          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true)};
 }
-
-#if FA4_AB_KV_PAIR
-// F26: whether a dense call runs as K/V-sharing pairs (FwdParams::kv_pair): the pair's CTAs must walk the same K/V
-// tiles, so no causal mask, window or split; the row must split its head-dim chunks evenly over two producers and
-// have two consumer warpgroups (kv_pair_active's instances); at least two query blocks; and the device must run
-// clusters of two of this kernel.
-bool runs_kv_pairs(const char* call, const FwdSwitches& switches, const detail::Problem& p, int row, int32_t splits,
-                   bool pack_gqa, int64_t num_m_blocks) {
-  const FwdTile& tile = kFwdTiles[row];
-  if (!switches.kv_pair || splits != 1 || pack_gqa || p.mask.left >= 0 || p.mask.right >= 0 || num_m_blocks < 2 ||
-      (tile.head_dim / kSw128Columns) % 2 != 0 || tile.block_m != 2 * kWgmmaM)
-    return false;
-  int clusters = 0;
-  throw_if_cuda_error(call, fwd_max_active_clusters(p.dtype, int(p.head_dim), row, /*varlen=*/false, 2u, &clusters),
-                      "cluster occupancy query");
-  return clusters >= 1;
-}
-#endif
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
 // ranges must form one cluster (at most kMaxClusterCombine, 16 being the largest cluster sm_90 runs), each CTA one
@@ -382,14 +336,6 @@ void apply_switches_and_zero_tile_counter(const char* call, const FwdSwitches& s
   params.tile_counter = static_cast<uint32_t*>(counter->get());
   throw_if_cuda_error(call, cudaMemsetAsync(params.tile_counter, 0, sizeof(uint32_t), stream),
                       "cudaMemsetAsync of the tile counter");
-}
-
-// The forward's cluster size apart from the split merge's: two under F26's pair, else one.
-uint32_t fwd_cluster_size([[maybe_unused]] const FwdParams& params) {
-#if FA4_AB_KV_PAIR
-  if (params.kv_pair) return 2u;
-#endif
-  return 1u;
 }
 
 // A KV-cache call's new keys and values into the caches (the copy kernel; nothing without k_new).
@@ -463,17 +409,6 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     params.v_batch_step = v_steps.batch;
     if (cache != nullptr) map_value_tails(v, p.head_dim, params);
     params.kv_box_rows = int32_t(box_rows);
-#if FA4_AB_PAGE_BOX
-    // Boxes of all chunks where the kernel reads their image: the tile's own layout (one box per tile), or the
-    // d = 128 tile's two 64-row boxes (S per box, P·V across them: tiles.cuh).
-    const bool paged = cache != nullptr && cache->page_table != nullptr;
-    if (paged && p.head_dim >= 128 &&
-        (box_rows == uint32_t(tile.block_n) || (p.head_dim == 128 && tile.block_n == 128 && box_rows == 64))) {
-      map_page_boxes(k, p.head_dim, box_rows, &params.k_map_pages);
-      map_page_boxes(v, p.head_dim, box_rows, &params.v_map_pages);
-      params.kv_page_boxes = true;
-    }
-#endif
   }
   if (cache != nullptr) {
     params.seqused_k = cache->cache_seqlens;
@@ -562,19 +497,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   }
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);
-  uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
-#if FA4_AB_KV_PAIR
-  params.kv_pair = cache == nullptr && runs_kv_pairs(call, switches, p, row, plan.splits, plan.pack_gqa,
-                                                     plan.num_m_blocks);
-  if (params.kv_pair) {  // an even count of query blocks (the last may lie past seqlen_q), an even grid of pairs
-    params.order.num_m_blocks = int32_t((plan.num_m_blocks + 1) / 2 * 2);
-    int clusters = 0;
-    throw_if_cuda_error(call, fwd_max_active_clusters(p.dtype, int(p.head_dim), row, false, 2u, &clusters),
-                        "cluster occupancy query");
-    grid = uint32_t(std::min<int64_t>({int64_t(params.order.num_tiles()), std::max<int64_t>(sms, 2), 2 * clusters}));
-    grid -= grid % 2;
-  }
-#endif
+  const uint32_t grid = uint32_t(std::min<int64_t>(num_tiles, std::max<int64_t>(sms, 1)));
   params.cluster_combine =
       merges_in_cluster(call, switches, p, row, /*varlen=*/cache != nullptr, plan.splits, num_tiles, sms);
   std::optional<StreamOrderedBuffer> counter;
@@ -583,7 +506,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   params.trace = trace::begin_launch(
       "sm90 fwd " + std::string(to_string(p.dtype)) + " d" + std::to_string(p.head_dim) + " tile " +
           std::to_string(tile.block_m) + "x" + std::to_string(tile.block_n) + " (row " + std::to_string(row) + ")" +
-          (split ? " splits " + std::to_string(plan.splits) : "") + (params.cluster_combine ? " cluster-combine" : "") + (fwd_cluster_size(params) == 2 ? " kv-pair" : "") +
+          (split ? " splits " + std::to_string(plan.splits) : "") + (params.cluster_combine ? " cluster-combine" : "") +
           (plan.pack_gqa ? " gqa-packed" : ""),
       grid, fwd_trace_writer_names(tile.block_m / kWgmmaM), cu_stream);
 #endif
@@ -593,8 +516,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   if (cache != nullptr) append_new_keys(call, k, v, *cache, cu_stream);
   throw_if_cuda_error(call,
                       launch_fwd_kernel(p.dtype, int(p.head_dim), row, /*varlen=*/cache != nullptr, params, grid,
-                                        params.cluster_combine ? uint32_t(plan.splits) : fwd_cluster_size(params),
-                                        cu_stream),
+                                        params.cluster_combine ? uint32_t(plan.splits) : 1u, cu_stream),
                       "sm_90a forward launch failed");
   if (counter) counter->free(call);
   if (split && !params.cluster_combine)

@@ -61,42 +61,19 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
                                                          const CUtensorMap* map, const CUtensorMap* map16,
                                                          const CUtensorMap* map1, int32_t head, int32_t batch,
                                                          int32_t batch_coord, int32_t n_block, uint64_t* full_barrier,
-                                                         const TilePages<BlockN>* pages_read = nullptr,
-                                                         const CUtensorMap* map_boxes = nullptr) {
+                                                         const TilePages<BlockN>* pages_read = nullptr) {
   constexpr int kChunks = HeadDim / kSw128Columns;
   constexpr int kMaxBoxes = BlockN / 16;
   const int32_t key0 = n_block * BlockN, box_rows = p.kv_box_rows;
   const int32_t valid = geo.seqlen_k - key0;  // rows of this tile that hold keys (> 0: the range is not empty)
   const bool paged = p.page_table != nullptr;
-#if FA4_AB_PAGE_BOX
-  // F25: with map_boxes (a paged cache's rank-5 map) the tile's image is [box][chunk][box_rows][128 B], and a
-  // whole box (keys or zeros) is one operation; the straddling V box's 16-row and 1-row pieces keep the rank-4
-  // maps, each chunk at its place in that image.
-  const bool boxes = map_boxes != nullptr;
-  auto chunk_row = [&](int chunk, int32_t smem_row) {  // the 128-byte row of (chunk, tile row) in the image
-    if (!boxes) return chunk * BlockN + smem_row;
-    const int32_t box_base = smem_row - smem_row % box_rows;
-    return box_base * kChunks + chunk * box_rows + (smem_row - box_base);
-  };
-#else
-  constexpr bool boxes = false;
-  auto chunk_row = [](int chunk, int32_t smem_row) { return chunk * BlockN + smem_row; };
-#endif
   auto issue = [&](const CUtensorMap* m, int32_t smem_row, int32_t row, int32_t outer) {
-#if FA4_AB_PAGE_BOX
-    if (boxes && m == map) {  // a whole box: every chunk at once
-      const int32_t coords[5] = {0, row, 0, head, outer};
-      ptx::tma_load(dst + smem_row * kChunks * ptx::kSw128RowBytes, map_boxes, coords, full_barrier);
-      return;
-    }
-#endif
 #pragma unroll
     for (int chunk = 0; chunk < kChunks; ++chunk) {
       const int32_t coords[4] = {chunk * kSw128Columns, row, head, outer};
-      ptx::tma_load(dst + chunk_row(chunk, smem_row) * ptx::kSw128RowBytes, m, coords, full_barrier);
+      ptx::tma_load(dst + (chunk * BlockN + smem_row) * ptx::kSw128RowBytes, m, coords, full_barrier);
     }
   };
-  (void)boxes;
   // The pages of the boxes that hold keys, read together (one memory latency, not one per box), unless given.
   TilePages<BlockN> pages;  // a copy, not a reference chosen at run time: that would put both in memory
   if (paged) {
@@ -150,12 +127,6 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   if (p.seqlen_k > 0) {  // else the K/V maps were never encoded (and no K/V tile is ever loaded)
     ptx::prefetch_tensormap(&p.k_map);
     ptx::prefetch_tensormap(&p.v_map);
-#if FA4_AB_PAGE_BOX
-    if (Varlen && p.kv_page_boxes) {
-      ptx::prefetch_tensormap(&p.k_map_pages);
-      ptx::prefetch_tensormap(&p.v_map_pages);
-    }
-#endif
   }
 
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
@@ -165,10 +136,6 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   auto q_stage = cuda::producer_start_state<1>();
   auto tile_stage = cuda::producer_start_state<kTileRingStages>();
   const TileScheduler<Varlen> scheduler(p);
-#if FA4_AB_KV_PAIR
-  const bool kv_pair = kv_pair_active<Row, Varlen>(p);
-  const uint32_t pair_rank = kv_pair ? ptx::cluster_ctarank() : 0u;
-#endif
   for (int32_t linear = scheduler.first();; linear = scheduler.next(linear)) {
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
     tile_ring.producer_acquire(tile_stage);
@@ -204,25 +171,12 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
       ring.producer_expect_tx(stage, Config::kKvTileBytes);
       if constexpr (Varlen) {
-#if FA4_AB_PAGE_BOX
-        const CUtensorMap* map_boxes =
-            !p.kv_page_boxes ? nullptr : map16 == nullptr ? &p.k_map_pages : &p.v_map_pages;
-#else
-        const CUtensorMap* map_boxes = nullptr;
-#endif
         load_kv_tile_in_sequence<HeadDim, Config::kBlockN>(tiles[stage.index], p, geo, map, map16, map1,
                                                            kv_head * head_step, tile.batch, tile.batch * batch_step,
-                                                           n_block, ring.full_barrier(stage), &pages, map_boxes);
+                                                           n_block, ring.full_barrier(stage),
+                                                           &pages);
       } else {
         (void)map16, (void)map1;
-#if FA4_AB_KV_PAIR
-        if (kv_pair) {  // F26: this CTA's half of the chunks, into both CTAs' stage
-          load_tile_pair_half<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN,
-                                                        kv_head * head_step, tile.batch * batch_step,
-                                                        ring.full_barrier(stage), pair_rank);
-          return;
-        }
-#endif
         load_tile<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
                                             tile.batch * batch_step, ring.full_barrier(stage));
       }

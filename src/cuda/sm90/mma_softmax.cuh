@@ -283,47 +283,13 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     else
       return softmax_with(p.mask, s, n_block);
   };
-  // The GEMMs on a K / V stage's image: [chunk][block_n][128 B], or under the A/B candidate F25 in the d = 128
-  // instances with per-sequence geometry either that or a paged tile's two 64-row boxes (tiles.cuh: one path).
-#if FA4_AB_PAGE_BOX
-  constexpr bool kHalves = Varlen && HeadDim == 128 && kBlockN == 128;
-  const KvImage image = KvImage::of(kHalves && p.kv_page_boxes && p.kv_box_rows == 64);
-#endif
-  auto qk = [&](S& s, uint32_t k_tile) {
-#if FA4_AB_PAGE_BOX
-    if constexpr (kHalves)
-      issue_qk_halves<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_tile, image);
-    else
-#endif
-      issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_tile);
-  };
-  auto pv = [&](ptx::WgmmaFragmentA (&p_frag)[kKSteps], uint32_t v_tile) {
-#if FA4_AB_PAGE_BOX
-    if constexpr (kHalves)
-      issue_pv_halves<In, HeadDim, kBlockN>(o, p_frag, v_tile, image);
-    else
-#endif
-      issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_tile);
-  };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const cuda::Pipeline<1> q_ring(smem.q_ring);
-  // A K or V stage this warpgroup is done with: one release per warp, and under F26's pair one on the peer's
-  // barrier too (its producer wrote half of this CTA's stage, and this CTA's producer half of the peer's).
-#if FA4_AB_KV_PAIR
-  const bool kv_pair = kv_pair_active<Row, Varlen>(p);
-  const uint32_t peer = kv_pair ? ptx::cluster_ctarank() ^ 1u : 0u;
-#endif
-  auto release_kv = [&](const Ring& ring, typename Ring::State stage) {
-    release_per_warp(ring, stage);
-#if FA4_AB_KV_PAIR
-    if (kv_pair && threadIdx.x % 32 == 0) ring.consumer_release_peer_after_reads(stage, peer);
-#endif
-  };
   const TensorCoreTurn<Config::kTensorCoreTurns ? Config::kConsumerWarpgroups : 1> turn(consumer);
   turn.start();
   q_ring.consumer_wait(st.q);
   auto s_done = [&](int32_t n_block) {  // the S of n_block has landed: its K (and after the last, Q) is free
-    release_kv(k_ring, st.k);
+    release_per_warp(k_ring, st.k);
     ++st.k;
     if (n_block == range.end - 1 && release_q) release_per_warp(q_ring, st.q);
   };
@@ -338,7 +304,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     // steady step or the tail, so each barrier stays balanced).
     if (p.prologue_turn) turn.wait();
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
-    qk(s, k_addr(st.k.index));
+    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
     FA4_TRACE_RECORD(rec, trace::Kind::s_issue, range.begin);
     if (p.prologue_turn) turn.hand_over(false);
     ptx::wgmma_wait_group<0>();
@@ -363,12 +329,12 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     k_ring.consumer_wait(st.k);
     turn.wait();
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
-    qk(s, k_addr(st.k.index));
+    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
     FA4_TRACE_RECORD(rec, trace::Kind::s_issue, n_block);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
     v_ring.consumer_wait(st.v);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-    pv(p_frag, v_addr(st.v.index));
+    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
     FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, n_block - 1);
     turn.hand_over(false);
 
@@ -395,7 +361,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     FA4_TRACE_RECORD(rec, trace::Kind::pv_done, n_block - 1);
 #pragma unroll
     for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
-    release_kv(v_ring, st.v);
+    release_per_warp(v_ring, st.v);
     ++st.v;
     apply_rescale<HeadDim>(o, rescale);
 #pragma unroll
@@ -422,13 +388,13 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   v_ring.consumer_wait(st.v);
   turn.wait();
   FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-  pv(p_frag, v_addr(st.v.index));
+  issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
   FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, range.end - 1);
   turn.hand_over(true);
   ptx::wgmma_wait_group<0>();
   ptx::wgmma_fence_operand(o);
   FA4_TRACE_RECORD(rec, trace::Kind::pv_done, range.end - 1);
-  release_kv(v_ring, st.v);
+  release_per_warp(v_ring, st.v);
   ++st.v;
 }
 

@@ -13,17 +13,6 @@
 #include "cuda/sm90/tile_order.hpp"
 #include "trace/format.hpp"
 
-// A/B candidate F25 (off by default; perf-log): a paged K/V box as one TMA operation for all its head-dim chunks.
-// Passed in CMAKE_CUDA_FLAGS, so it reaches every .cu file that sees FwdParams (host launcher and kernels alike).
-#ifndef FA4_AB_PAGE_BOX
-#define FA4_AB_PAGE_BOX 0
-#endif
-// A/B candidate F26 (off by default; perf-log): the dense non-causal forward at d = 128 and 256 as 2-CTA clusters
-// that load each K/V tile once per pair (TMA multicast of each CTA's half of the chunks). Passed the same way.
-#ifndef FA4_AB_KV_PAIR
-#define FA4_AB_KV_PAIR 0
-#endif
-
 namespace fa4::sm90 {
 
 struct FwdParams {
@@ -65,15 +54,6 @@ struct FwdParams {
   // (epilogue.cuh, merge_split_row) with `combine`, the combine kernel's view of the call (unpacked rows).
   bool cluster_combine = false;
   SplitCombineParams combine;
-#if FA4_AB_KV_PAIR
-  // F26: the grid is clusters of two consecutive CTAs that walk the same heads' K/V tiles in lockstep, on
-  // neighbouring query blocks (the order's num_m_blocks rounded up to even, so a pair's linear tiles are 2i and
-  // 2i + 1; a block past seqlen_q computes on zero rows and stores nothing). Each CTA loads its half of every K/V
-  // tile's head-dim chunks into both CTAs' stage (multicast); a stage is refilled once both CTAs' consumers have
-  // released it (the K/V rings' empty barriers count the peer's warps too). Dense, non-causal, no window, no split,
-  // an even number of chunks (d = 128, 256): the pair's ranges must be the same tiles.
-  bool kv_pair = false;
-#endif
 
   int32_t seqlen_q = 0, seqlen_k = 0;
   int32_t group = 1;  // query heads per kv head: kv head = h / group
@@ -111,17 +91,6 @@ struct FwdParams {
   int32_t kv_box_rows = 0;
   CUtensorMap v_map16;  // boxes {64, 16, 1, 1}
   CUtensorMap v_map1;   // boxes {64, 1, 1, 1}
-#if FA4_AB_PAGE_BOX
-  // A/B candidate F25 (a build define; perf-log): a paged cache's K/V box of kv_box_rows rows loaded for every
-  // head-dim chunk at once (rank-5 maps {64, page_size, head_dim / 64, h_kv, num_pages} whose third dimension
-  // steps 128 bytes along the row; boxes {64, kv_box_rows, head_dim / 64, 1, 1}), one TMA operation per box
-  // instead of one per chunk. Shared memory then holds a tile as [box][chunk][kv_box_rows][128 B]: the same
-  // image as [chunk][block_n][128 B] when kv_box_rows == block_n; else (d = 128, 64-row pages: two boxes) S is
-  // issued per box and P·V steps over the boxes (tiles.cuh). kv_page_boxes: these maps are set and used.
-  CUtensorMap k_map_pages;
-  CUtensorMap v_map_pages;
-  bool kv_page_boxes = false;
-#endif
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif

@@ -10,7 +10,6 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/config.hpp"
 #include "cuda/sm90/params.hpp"
 #include "cuda/sm90/seq_geometry.hpp"
 #include "cuda/sm90/tile_order.hpp"
@@ -38,18 +37,6 @@ class TileScheduler {
  private:
   const FwdParams& p_;
 };
-
-#if FA4_AB_KV_PAIR
-// F26 (params.hpp): the instances that can run as K/V-sharing pairs (dense, an even number of head-dim chunks of
-// which each CTA loads half, two consumer warpgroups: the prefill rows of d = 128 and 256), and whether this
-// launch does (the host sets kv_pair only for those, and launches clusters of two).
-template <int Row, bool Varlen>
-__device__ __forceinline__ bool kv_pair_active(const FwdParams& p) {
-  using Config = FwdConfig<Row>;
-  constexpr bool kCapable = !Varlen && Config::kHeadDimChunks % 2 == 0 && Config::kConsumerWarpgroups == 2;
-  return kCapable && p.kv_pair;
-}
-#endif
 
 // K/V tiles [begin, end) that hold at least one key visible to a valid row of the tile: the union of the rows'
 // visible ranges (both ends are monotone in the row). Empty when seqlen_k is 0 or every row is masked out. With

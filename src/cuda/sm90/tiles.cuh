@@ -7,7 +7,6 @@
 
 #include <cstdint>
 
-#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/swizzle.hpp"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -110,27 +109,6 @@ __device__ __forceinline__ void load_tile_in_sequence(uint8_t* smem_tile, const 
   for (; r < Rows; r += 16) issue(map16, r, -16);
 }
 
-// A CTA pair's share of a [Rows][HeadDim] tile (the backward's Q or dO, the forward's K or V under F26): this CTA's
-// half, TMA-multicast into both CTAs' stage (same offsets), signalling both CTAs' full barriers at `full`'s offset.
-// Rows split when the tile is one head-dim chunk (the map's box is Rows / 2 rows), else the chunks split.
-template <int HeadDim, int Rows>
-__device__ __forceinline__ void load_tile_pair_half(uint8_t* smem_tile, const CUtensorMap* map, int32_t row,
-                                                    int32_t head, int32_t batch, uint64_t* full, uint32_t rank) {
-  constexpr int kChunks = HeadDim / kSw128Columns;
-  constexpr uint16_t kBothCtas = 0b11;
-  if constexpr (kChunks == 1) {
-    const int32_t coords[4] = {0, row + int32_t(rank) * (Rows / 2), head, batch};
-    ptx::tma_load_multicast(smem_tile + rank * (Rows / 2) * ptx::kSw128RowBytes, map, coords, full, kBothCtas);
-  } else {
-#pragma unroll
-    for (int c = 0; c < kChunks / 2; ++c) {
-      const int chunk = int(rank) * (kChunks / 2) + c;
-      const int32_t coords[4] = {chunk * kSw128Columns, row, head, batch};
-      ptx::tma_load_multicast(smem_tile + chunk * Rows * ptx::kSw128RowBytes, map, coords, full, kBothCtas);
-    }
-  }
-}
-
 // Issues S = Q·Kᵀ over head_dim / 16 k-steps (one commit group); the caller waits. q_rows: this warpgroup's
 // 64 rows inside the Q tile, whose head-dim chunks are q_chunk_bytes apart; K tile [chunks][block_n][128 B]
 // (k_chunk_bytes apart when the N = BlockN rows are part of a taller tile).
@@ -168,64 +146,6 @@ __device__ __forceinline__ void issue_pv(ptx::WgmmaAccumulator<HeadDim>& o, ptx:
     ptx::wgmma_rs<In, ptx::Major::mn>(o, p[kb], v0.advanced(kb * 2048u), /*accumulate=*/true);
   ptx::wgmma_commit_group();
 }
-
-#if FA4_AB_PAGE_BOX
-// A/B candidate F25 (params.hpp): the GEMMs of the d = 128, block_n = 128 instances with per-sequence geometry,
-// on either image of a K/V tile, told apart at run time by two strides: [chunk][128][128 B] (chunks 16 KiB apart,
-// keys 64-127 8 KiB after keys 0-63) or a paged tile's two 64-row boxes [box][chunk][64][128 B] (chunks 8 KiB apart,
-// the second box 16 KiB after the first). One code path for both: a run-time choice between an N = 128 S and two
-// N = 64 ones on the same accumulator made ptxas serialize every wgmma of the kernel (C7511, a review's ptxas -v).
-struct KvImage {
-  uint32_t chunk_bytes;  // between the 64-column chunks of the same key rows
-  uint32_t half_bytes;   // from key 0 to key 64 in the same chunk
-  __device__ static KvImage of(bool page_boxes) {
-    return page_boxes ? KvImage{64u * 128u, 2u * 64u * 128u} : KvImage{128u * 128u, 64u * 128u};
-  }
-};
-
-// S = Q·Kᵀ: per k-step one N = 64 GEMM per half of the keys, into the accumulator's column halves (keys 0-63 are
-// registers 0-31 of the N = 128 accumulator, keys 64-127 registers 32-63: wgmma_fragment.hpp's layout).
-template <ptx::WgmmaInput In, int HeadDim, int BlockN>
-__device__ __forceinline__ void issue_qk_halves(ptx::WgmmaAccumulator<BlockN>& s, uint32_t q_rows,
-                                                uint32_t q_chunk_bytes, uint32_t k_tile, KvImage image) {
-  static_assert(HeadDim == 128 && BlockN == 128, "the d = 128 tile of 128 keys");
-  auto& keys_lo = *reinterpret_cast<ptx::WgmmaAccumulator<BlockN / 2>*>(&s.reg[0]);
-  auto& keys_hi = *reinterpret_cast<ptx::WgmmaAccumulator<BlockN / 2>*>(&s.reg[BlockN / 4]);
-  const auto a0 = ptx::sw128_k_major_desc(q_rows), lo0 = ptx::sw128_k_major_desc(k_tile),
-             hi0 = ptx::sw128_k_major_desc(k_tile + image.half_bytes);
-  ptx::wgmma_fence_operand(s);
-  ptx::wgmma_fence();
-#pragma unroll
-  for (int kk = 0; kk < HeadDim / 16; ++kk) {
-    const auto a = a0.advanced((kk / 4) * q_chunk_bytes + (kk % 4) * 32u);
-    const uint32_t k_step = (kk / 4) * image.chunk_bytes + (kk % 4) * 32u;
-    ptx::wgmma_ss<In, ptx::Major::k, ptx::Major::k>(keys_lo, a, lo0.advanced(k_step), /*accumulate=*/kk > 0);
-    ptx::wgmma_ss<In, ptx::Major::k, ptx::Major::k>(keys_hi, a, hi0.advanced(k_step), kk > 0);
-  }
-  ptx::wgmma_commit_group();
-}
-
-// O += P·V: k-step kb (keys 16kb ..) at kb·2 KiB of the first half or (kb − 4)·2 KiB of the second, the chunks
-// `chunk_bytes` apart (LBO).
-template <ptx::WgmmaInput In, int HeadDim, int BlockN>
-__device__ __forceinline__ void issue_pv_halves(ptx::WgmmaAccumulator<HeadDim>& o,
-                                                ptx::WgmmaFragmentA (&p)[BlockN / 16], uint32_t v_tile,
-                                                KvImage image) {
-  static_assert(HeadDim == 128 && BlockN == 128, "the d = 128 tile of 128 keys");
-  constexpr int kStepsPerHalf = BlockN / 2 / 16;
-  ptx::wgmma_fence_operand(o);
-#pragma unroll
-  for (int kb = 0; kb < BlockN / 16; ++kb) ptx::wgmma_fence_operand(p[kb]);
-  ptx::wgmma_fence();
-  const auto lo0 = ptx::sw128_mn_major_desc(v_tile, image.chunk_bytes),
-             hi0 = ptx::sw128_mn_major_desc(v_tile + image.half_bytes, image.chunk_bytes);
-#pragma unroll
-  for (int kb = 0; kb < BlockN / 16; ++kb)
-    ptx::wgmma_rs<In, ptx::Major::mn>(o, p[kb], (kb < kStepsPerHalf ? lo0 : hi0).advanced((kb % kStepsPerHalf) * 2048u),
-                                      /*accumulate=*/true);
-  ptx::wgmma_commit_group();
-}
-#endif
 
 __device__ __forceinline__ float exp2_mufu(float x) {
   float y;

@@ -21,6 +21,27 @@
 
 namespace fa4::sm90 {
 
+// The CTA pair: this CTA's half of a [Rows][HeadDim] Q or dO tile, TMA-multicast into both CTAs' stage (same
+// offsets), signalling both CTAs' full barriers at `full`'s offset. Rows split when the tile is one head-dim
+// chunk (the map's box is Rows / 2 rows), else the chunks split.
+template <int HeadDim, int Rows>
+__device__ __forceinline__ void load_tile_pair_half(uint8_t* smem_tile, const CUtensorMap* map, int32_t row,
+                                                    int32_t head, int32_t batch, uint64_t* full, uint32_t rank) {
+  constexpr int kChunks = HeadDim / kSw128Columns;
+  constexpr uint16_t kBothCtas = 0b11;
+  if constexpr (kChunks == 1) {
+    const int32_t coords[4] = {0, row + int32_t(rank) * (Rows / 2), head, batch};
+    ptx::tma_load_multicast(smem_tile + rank * (Rows / 2) * ptx::kSw128RowBytes, map, coords, full, kBothCtas);
+  } else {
+#pragma unroll
+    for (int c = 0; c < kChunks / 2; ++c) {
+      const int chunk = int(rank) * (kChunks / 2) + c;
+      const int32_t coords[4] = {chunk * kSw128Columns, row, head, batch};
+      ptx::tma_load_multicast(smem_tile + chunk * Rows * ptx::kSw128RowBytes, map, coords, full, kBothCtas);
+    }
+  }
+}
+
 // Varlen work: the sequence's rows of the packed tensors (batch 1), rows past its end as zeros.
 template <int Row, class Work>
 __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const Work& work) {
