@@ -37,6 +37,16 @@ __device__ __forceinline__ void mbarrier_arrive_peer(uint64_t* peer_bar) {
                                peer_bar);
 }
 
+#if FA4_AB_BWD_RELAXED_PEER
+// A/B candidate B25 (a build define; perf-log): the same arrival without a release, for a thread whose reads of what
+// the peer will overwrite are complete (a wgmma wait): the cluster-scope release above compiles to MEMBAR.ALL.GPU
+// before the arrive (F26: the forward's K/V pair ran at 0.65x of one CTA with it, 0.91-0.94x without).
+__device__ __forceinline__ void mbarrier_arrive_peer_relaxed(uint64_t* peer_bar) {
+  ::cuda::ptx::mbarrier_arrive(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cluster, ::cuda::ptx::space_cluster,
+                               peer_bar);
+}
+#endif
+
 // Blocks until the phase with this parity of a barrier in this CTA's shared memory has completed, acquiring at
 // cluster scope what a peer released with mbarrier_arrive_peer (the CTA-scope wait of mbarrier.cuh is what
 // CUTLASS uses and works in practice; the memory model asks for this one). Traps after FA4_MBARRIER_TIMEOUT_NS
