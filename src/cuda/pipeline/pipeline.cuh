@@ -77,17 +77,12 @@ class Pipeline {
   __device__ void consumer_release(State st) const { ptx::mbarrier_arrive(&b_.empty[st.index]); }
 
   // A ring shared by a cluster's CTAs (each producer multicasts into every CTA's stage): one arrival on the
-  // empty barrier of the same stage in CTA `rank`, whose producer also writes this CTA's stage.
-  __device__ void consumer_release_peer(State st, uint32_t rank) const {
-    ptx::mbarrier_arrive_peer(ptx::peer_shared(&b_.empty[st.index], rank));
-  }
-#if FA4_AB_BWD_RELAXED_PEER
-  // The same arrival for a consumer that only read the stage and whose reads are complete (a wgmma wait): nothing
-  // to publish, so no cluster-scope release (A/B candidate B25; ptx/cluster.cuh).
+  // empty barrier of the same stage in CTA `rank`, whose producer also writes this CTA's stage, from a consumer
+  // that only read the stage and whose reads are complete (a wgmma wait): nothing to publish, so no cluster-scope
+  // release (ptx/cluster.cuh; perf-log B25 measured the fenced arrival it replaced).
   __device__ void consumer_release_peer_after_reads(State st, uint32_t rank) const {
     ptx::mbarrier_arrive_peer_relaxed(ptx::peer_shared(&b_.empty[st.index], rank));
   }
-#endif
 
  private:
   PipelineBarriers<Stages>& b_;

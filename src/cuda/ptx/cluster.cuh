@@ -37,15 +37,14 @@ __device__ __forceinline__ void mbarrier_arrive_peer(uint64_t* peer_bar) {
                                peer_bar);
 }
 
-#if FA4_AB_BWD_RELAXED_PEER
-// A/B candidate B25 (a build define; perf-log): the same arrival without a release, for a thread whose reads of what
-// the peer will overwrite are complete (a wgmma wait): the cluster-scope release above compiles to MEMBAR.ALL.GPU
-// before the arrive (F26: the forward's K/V pair ran at 0.65x of one CTA with it, 0.91-0.94x without).
+// The same arrival without a release, for a thread whose reads of what the peer will overwrite are complete (a
+// wgmma wait) and which wrote nothing the peer reads: the cluster-scope release above compiles to MEMBAR.ALL.GPU
+// before the arrive (perf-log F26: the forward's K/V pair ran at 0.65x of one CTA with it, 0.91-0.94x without;
+// B25: the backward pair's Q/dO releases relaxed, +17-24% in the multicast mode).
 __device__ __forceinline__ void mbarrier_arrive_peer_relaxed(uint64_t* peer_bar) {
   ::cuda::ptx::mbarrier_arrive(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cluster, ::cuda::ptx::space_cluster,
                                peer_bar);
 }
-#endif
 
 // Blocks until the phase with this parity of a barrier in this CTA's shared memory has completed, acquiring at
 // cluster scope what a peer released with mbarrier_arrive_peer (the CTA-scope wait of mbarrier.cuh is what

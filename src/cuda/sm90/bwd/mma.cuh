@@ -132,13 +132,8 @@ __device__ __forceinline__ void bwd_mma_role(const BwdParams& p, BwdSharedStorag
       q_ring.consumer_release(stage);
       if (Config::kPairCapable && !Work::kVarlen && p.cluster_pair) {  // the peer's producer wrote half: one per warp
         __syncwarp();
-        if (threadIdx.x % 32 == 0) {
-#if FA4_AB_BWD_RELAXED_PEER  // B25: the peer wrote only Q/dO halves, which the wgmmas above have finished reading
-          q_ring.consumer_release_peer_after_reads(stage, ptx::cluster_ctarank() ^ 1u);
-#else
-          q_ring.consumer_release_peer(stage, ptx::cluster_ctarank() ^ 1u);
-#endif
-        }
+        // Relaxed: the peer wrote only Q/dO halves, which the wgmmas above have finished reading (perf-log B25).
+        if (threadIdx.x % 32 == 0) q_ring.consumer_release_peer_after_reads(stage, ptx::cluster_ctarank() ^ 1u);
       }
       ++stage;
       FA4_TRACE_RECORD(rec, trace::Kind::tile_end, m_block);
