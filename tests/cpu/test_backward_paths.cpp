@@ -3,6 +3,8 @@
 // code only, so it runs in CI; built where the sm_90a kernels are (FA4_WITH_SM90).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <vector>
 
@@ -17,11 +19,13 @@ namespace {
 
 using fa4::testing::EnvOverride;
 
-// The problem of a small bf16 batch at head dim d (the tensors' data is never read).
-fa4::sm90::BackwardPaths paths(int d, bool deterministic, bool causal = false) {
-  static std::vector<uint16_t> buffer(1 << 20);
+// The problem of a small bf16 batch at head dim d with seqlen_k keys (the tensors' data is never read). The
+// default key count is past kShortKeysMax, where the rows' own chain counts apply.
+fa4::sm90::BackwardPaths paths(int d, bool deterministic, bool causal = false, int64_t seqlen_k = 2048) {
+  static std::vector<uint16_t> buffer(1 << 21);
   const fa4::Tensor q = fa4::Tensor::contiguous(buffer.data(), fa4::DType::bf16, fa4::Device::cpu, {1, 256, 4, d});
-  const fa4::Tensor kv = fa4::Tensor::contiguous(buffer.data(), fa4::DType::bf16, fa4::Device::cpu, {1, 256, 2, d});
+  const fa4::Tensor kv =
+      fa4::Tensor::contiguous(buffer.data(), fa4::DType::bf16, fa4::Device::cpu, {1, seqlen_k, 2, d});
   fa4::Options o;
   o.deterministic = deterministic;
   o.causal = causal;
@@ -57,6 +61,21 @@ TEST(BackwardPaths, DefaultsPerRow) {
       EXPECT_FALSE(b.dq_register_adds) << d << causal;
       EXPECT_EQ(b.det_chains, d == 128 || causal ? 1 : 4) << d << causal;
     }
+}
+
+// Up to 1024 keys, at most two chains (perf-log B26); the masked rows and d = 128 keep one.
+TEST(BackwardPaths, ShortKeysCapTheDeterministicChains) {
+  const EnvOverride unset("FA4_BWD_DET_CHAINS", nullptr);
+  for (int d : {64, 128, 192, 256})
+    for (bool causal : {false, true}) {
+      const int row_chains = d == 128 || causal ? 1 : 4;
+      for (int64_t seqlen_k : {1, 512, 1024})
+        EXPECT_EQ(paths(d, true, causal, seqlen_k).det_chains, std::min(row_chains, 2)) << d << causal << seqlen_k;
+      EXPECT_EQ(paths(d, true, causal, 1025).det_chains, row_chains) << d << causal;
+      EXPECT_EQ(paths(d, false, causal, 512).det_chains, 1) << d << causal;  // outside deterministic mode
+    }
+  const EnvOverride four("FA4_BWD_DET_CHAINS", "4");  // the override is not capped (A/B runs)
+  EXPECT_EQ(paths(64, true, false, 512).det_chains, 4);
 }
 
 TEST(BackwardPaths, SwitchesReachTheKernelWhereTheyApply) {

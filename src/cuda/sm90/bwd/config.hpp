@@ -43,6 +43,11 @@ struct BwdTile {
   // best with one (0.87 / 0.91); masked, one chain wins at every head dim (d = 64 1.00 / 1.00, d = 128 1.02 / 0.96,
   // d = 256 0.82 / 0.77; four: 0.90, 0.72, 0.57 at 2k): a causal block's turns are already staggered by the
   // diagonal, and each copy more is one more to sum. d = 192 follows d = 256 (unmeasured).
+  // Up to kShortKeysMax keys (the longest sequence's, varlen) at most kShortKeysDetChains, whatever the row says:
+  // perf-log B26 (H100, cae5d2f, two reps, det / default without a mask): four chains → two at 512 keys d = 64
+  // 0.80 → 0.89, d = 256 0.80 → 0.88; at 1k 0.83 → 0.84 and 0.83 → 0.85; at 2k four stay best at d = 64 (0.88
+  // against 0.84) and level at d = 256. Each chain is one more fp32 dQ copy written and summed, a fixed cost per
+  // query row, while the work per row grows with the keys.
   int det_chains = 1;
   int det_chains_masked = 1;
   // Default mode, key-split rows without the CTA pair: each warpgroup adds its dQ slab from its registers
@@ -126,6 +131,10 @@ constexpr bool every_det_chains_fit() {
   return true;
 }
 static_assert(every_det_chains_fit(), "a row's deterministic chain count the workspace layout holds");
+// The cap on chains up to kShortKeysMax keys (BwdTile::det_chains; perf-log B26).
+inline constexpr int64_t kShortKeysMax = 1024;
+inline constexpr int kShortKeysDetChains = 2;
+static_assert(kShortKeysDetChains >= 1 && kShortKeysDetChains <= kBwdMaxDetChains, "a chain count the layout holds");
 
 // varlen_total_q >= 0: a variable-length batch of `batch` sequences and that many packed query rows (seqlen_q is
 // the longest sequence's).

@@ -63,12 +63,14 @@ PairMode pair_mode(const char* call, const BwdTile& tile, const detail::Problem&
 // Deterministic mode's turn chains (dq_turn_of): key block n adds into accumulator copy n % chains in the chain's
 // own turn order, so the CTAs of a wave wait for 1/chains of the links before their first add, at the cost of
 // summing chains - 1 more fp32 dQ copies. The default is the tile row's (kBwdTiles, perf-log B17), one count
-// without a mask and one with (causal or a window);
+// without a mask and one with (causal or a window), at most kShortKeysDetChains up to kShortKeysMax keys (B26: a
+// copy costs the same whatever the key count, the work grows with it, so short keys want fewer copies);
 // FA4_BWD_DET_CHAINS (1, 2 or 4) overrides it for A/B runs, any other value is an error. Outside deterministic
 // mode: 1 (a set value is still checked).
 int det_chains(const char* call, const detail::Problem& p) {
   const int row = bwd_row(int(p.head_dim));
   int chains = row < 0 ? 1 : p.mask.masks_anything() ? kBwdTiles[row].det_chains_masked : kBwdTiles[row].det_chains;
+  if (p.seqlen_k <= kShortKeysMax) chains = std::min(chains, kShortKeysDetChains);
   const char* env = std::getenv("FA4_BWD_DET_CHAINS");
   if (env != nullptr && *env != '\0') {
     const std::string value(env);
