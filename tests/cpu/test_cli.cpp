@@ -216,6 +216,17 @@ TEST(Cli, TraceSaysWhatItNeeds) {
   EXPECT_EQ(r.code, 2) << r.output;
   EXPECT_TRUE(has(r, "needs a GPU") || has(r, "no CUDA backend") || has(r, "-DFA4_TRACE=ON")) << r.output;
   EXPECT_FALSE(std::ifstream(dir + "/trace.json").good()) << "a failed trace wrote output";
+  // A KV-cache call (paged) likewise; its options as fa4 run's, refused where they would be ignored.
+  const Result kv = fa4("trace --kvcache 64,10 --page-size 16 --heads 4 --heads-kv 2 -d 64 --out " + dir);
+  if (kv.code == 0) GTEST_SKIP() << "a GPU trace build recorded a trace here: " << kv.output;
+  EXPECT_EQ(kv.code, 2) << kv.output;
+  EXPECT_TRUE(has(kv, "needs a GPU") || has(kv, "no CUDA backend") || has(kv, "-DFA4_TRACE=ON")) << kv.output;
+  const Result alone = fa4("trace --page-size 16");
+  EXPECT_NE(alone.code, 0);
+  EXPECT_TRUE(has(alone, "--page-size requires --kvcache")) << alone.output;
+  const Result both = fa4("trace --kvcache 5 --seqlen-k 9");
+  EXPECT_NE(both.code, 0);
+  EXPECT_TRUE(has(both, "excludes")) << both.output;
 }
 
 // A decode shape with forced split-KV ranges: the forward splits (the problem line says so), the backward runs

@@ -18,6 +18,7 @@
 #include "fa4/commands.hpp"
 #include "fa4/common.hpp"
 #include "fa4/gpu.hpp"
+#include "fa4/kvcache_inputs.hpp"
 #include "fa4/run_common.hpp"
 
 namespace fa4::cli {
@@ -422,23 +423,8 @@ void add_run_command(CLI::App& app) {
                             ->check(kAtLeastZero);
   // The batch and its lengths come from --varlen, its layout is the packed one: those options would be ignored.
   for (const char* other : {"--batch", "--seqlen", "--seqlen-q", "--seqlen-k", "--layout"}) varlen->excludes(other);
-  CLI::Option* kvcache = cmd->add_option("--kvcache", args->kvcache,
-                                         "a KV-cache call (flash_attn_with_kvcache): the keys already cached per "
-                                         "sequence, comma-separated; --seqlen-q queries each (default 1)")
-                             ->delimiter(',')
-                             ->check(kAtLeastZero);
-  CLI::Option* page = cmd->add_option("--page-size", args->page_size,
-                                      "with --kvcache: a paged cache of pages of N rows (a multiple of 16), handed "
-                                      "out shuffled; 0: contiguous")
-                          ->check(kAtLeastZero)
-                          ->capture_default_str();
-  CLI::Option* append = cmd->add_option("--append", args->append,
-                                        "with --kvcache: new keys appended per sequence in the call (default: "
-                                        "--seqlen-q)")
-                            ->check(kAtLeastZero);
-  page->needs(kvcache), append->needs(kvcache);
+  CLI::Option* kvcache = add_kvcache_options(cmd, args->kvcache, args->page_size, args->append);
   kvcache->excludes(varlen);
-  for (const char* other : {"--batch", "--seqlen", "--seqlen-k", "--layout"}) kvcache->excludes(other);
   cmd->callback([args] { run(*args); });
 }
 

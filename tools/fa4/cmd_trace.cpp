@@ -6,11 +6,13 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 
 #include "fa4/commands.hpp"
 #include "fa4/common.hpp"
 #include "fa4/gpu.hpp"
+#include "fa4/kvcache_inputs.hpp"
 #include "model/model.hpp"
 #include "trace/export.hpp"
 #include "trace/trace.hpp"
@@ -25,6 +27,8 @@ using testing::HostTensor;
 
 struct TraceArgs {
   ProblemArgs problem;
+  std::vector<int64_t> kvcache;  // per-sequence keys already cached: a KV-cache call (kvcache_inputs.hpp)
+  int64_t page_size = 0, append = -1;
   std::string pass = "fwd";
   bool deterministic = false;
   uint32_t capacity = 16384;
@@ -75,6 +79,64 @@ std::string model_line(const ProblemArgs& pa, bool bwd, double measured_ns) {
                      predicted_ns > 0 ? measured_ns / predicted_ns : 0.0);
 }
 
+// One untraced call first (module load, caches; `warm`), then `call` traced: the trace of its last kernel.
+trace::Trace record(const TraceArgs& a, const std::function<void()>& warm, const std::function<void()>& call) {
+  warm();
+  trace::arm(a.capacity);
+  call();
+  std::optional<trace::Trace> taken = trace::take_last();
+  trace::disarm();
+  if (!taken) throw Error(Status::internal, "fa4 trace: the call launched no traced kernel");
+  return std::move(*taken);
+}
+
+// Writes the trace's files and prints its summary. exps: the exponentials the call computes (its visible
+// query-key pairs); per16: the policy's emulated share of them.
+void write_outputs(const TraceArgs& a, trace::Trace& t, const std::string& shape, bool bwd, double exps, int per16) {
+  t.shape = shape;
+  trace::validate(t);
+  const std::filesystem::path dir(a.out_dir);
+  std::filesystem::create_directories(dir);
+  trace::write_trace(t, (dir / "trace.fa4trace").string());
+  write_text(dir / "trace.json", trace::perfetto_json(t).dump());
+  std::vector<uint32_t> ctas;
+  for (uint32_t c : a.svg_ctas)
+    if (c < t.ctas) ctas.push_back(c);
+  write_text(dir / "timeline.svg", trace::timeline_svg(t, ctas));
+  const trace::Summary summary = trace::summarize(t);
+  const std::string model =
+      fmt::format("exp2      {:.4g} elements: {:.4g} on MUFU, {:.4g} emulated on the FMA pipe ({}/16; the policy's "
+                  "split, not counted by the kernel)\n",
+                  exps, exps * (16 - per16) / 16.0, exps * per16 / 16.0, per16) +
+      model_line(a.problem, bwd, measured_step_ns(t));
+  write_text(dir / "summary.txt", trace::to_text(summary) + model + "\n");
+  nlohmann::json sj = trace::to_json(summary);
+  sj["model"] = model;
+  write_text(dir / "summary.json", sj.dump(2));
+
+  fmt::print("{}", trace::to_text(summary));
+  fmt::print("{}\n", model);
+  if (t.dropped() > 0)
+    fmt::print("warning   {} events dropped: a writer's slice of {} events overflowed; rerun with a larger --capacity\n",
+               t.dropped(), t.capacity);
+  fmt::print("wrote     {}/{{trace.json (ui.perfetto.dev), timeline.svg, summary.txt, summary.json, trace.fa4trace}}\n",
+             dir.string());
+}
+
+// `fa4 trace --kvcache ...`: the KV-cache forward (its append, if any, runs untraced before the traced kernel).
+void run_kvcache_trace(const TraceArgs& a) {
+  if (a.pass != "fwd" || a.deterministic)
+    throw Error(Status::unsupported, "fa4 trace: --kvcache: a KV-cache call has only a forward (got --pass " + a.pass +
+                                         (a.deterministic ? " --deterministic)" : ")"));
+  const Options opts = a.problem.options();
+  const KvCacheInputs in("fa4 trace", a.problem, a.kvcache, a.page_size, a.append);
+  const KvCacheDevice dev(in);
+  if (const Support s = dev.supports(opts); !s.ok) throw Error(Status::unsupported, "fa4 trace: " + s.reason);
+  trace::Trace t = record(a, [&] { dev.call(opts); }, [&] { dev.call(opts); });
+  const int per16 = int(std::lround(opts.exp2_emulated_fraction * 16.0f));
+  write_outputs(a, t, "fwd " + in.problem_line(opts), false, in.flops(opts) / (4.0 * double(in.d)), per16);
+}
+
 void run_trace(const TraceArgs& a) {
   const ProblemArgs& pa = a.problem;
   if (const std::string why = gpu::unavailable_reason(); !why.empty())
@@ -83,6 +145,7 @@ void run_trace(const TraceArgs& a) {
     throw Error(Status::unsupported,
                 "fa4 trace: this build does not record traces; configure a separate build with -DFA4_TRACE=ON, e.g. "
                 "cmake -S . -B build-trace -DFA4_TRACE=ON && cmake --build build-trace --target fa4_cli");
+  if (!a.kvcache.empty()) return run_kvcache_trace(a);
   const bool bwd = a.pass == "bwd";
   const DType dtype = parse_dtype(pa.dtype);
   const auto layout = parse_layout(pa.layout);
@@ -108,49 +171,16 @@ void run_trace(const TraceArgs& a) {
     backward(gq.desc(), gk.desc(), gv.desc(), gout.desc(), gdout.desc(), glse.desc(), gdq.desc(), gdk.desc(),
              gdv.desc(), bwd_opts, ws.workspace());
   };
-  // One untraced call of each pass first (module load, caches), then the traced one.
-  fwd_call();
-  if (bwd) bwd_call();
-  trace::arm(a.capacity);
-  bwd ? bwd_call() : fwd_call();
-  std::optional<trace::Trace> taken = trace::take_last();
-  trace::disarm();
-  if (!taken) throw Error(Status::internal, "fa4 trace: the call launched no traced kernel");
-  trace::Trace& t = *taken;
-  t.shape = fmt::format("{} {}{}", bwd ? "bwd" : "fwd", pa.shape_string(), a.deterministic ? " deterministic" : "");
-  trace::validate(t);
-
-  const std::filesystem::path dir(a.out_dir);
-  std::filesystem::create_directories(dir);
-  trace::write_trace(t, (dir / "trace.fa4trace").string());
-  write_text(dir / "trace.json", trace::perfetto_json(t).dump());
-  std::vector<uint32_t> ctas;
-  for (uint32_t c : a.svg_ctas)
-    if (c < t.ctas) ctas.push_back(c);
-  write_text(dir / "timeline.svg", trace::timeline_svg(t, ctas));
-  const trace::Summary summary = trace::summarize(t);
+  // The forward first either way (the backward reads its out and lse).
+  trace::Trace t = record(a, [&] { fwd_call(); if (bwd) bwd_call(); }, [&] { bwd ? bwd_call() : fwd_call(); });
   // The exponentials by unit, from the policy the kernel ran (k/16 of the key columns emulated); the backward
   // recomputes P on MUFU only. Visible pairs: the masks' count.
   const double exps = attention_flops(pa.batch, pa.heads, pa.sq(), pa.sk(), pa.head_dim, opts, Pass::forward) /
                       (4.0 * double(pa.head_dim));
   const int per16 = bwd ? 0 : int(std::lround(opts.exp2_emulated_fraction * 16.0f));
-  const std::string model =
-      fmt::format("exp2      {:.4g} elements: {:.4g} on MUFU, {:.4g} emulated on the FMA pipe ({}/16; the policy's "
-                  "split, not counted by the kernel)\n",
-                  exps, exps * (16 - per16) / 16.0, exps * per16 / 16.0, per16) +
-      model_line(pa, bwd, measured_step_ns(t));
-  write_text(dir / "summary.txt", trace::to_text(summary) + model + "\n");
-  nlohmann::json sj = trace::to_json(summary);
-  sj["model"] = model;
-  write_text(dir / "summary.json", sj.dump(2));
-
-  fmt::print("{}", trace::to_text(summary));
-  fmt::print("{}\n", model);
-  if (t.dropped() > 0)
-    fmt::print("warning   {} events dropped: a writer's slice of {} events overflowed; rerun with a larger --capacity\n",
-               t.dropped(), t.capacity);
-  fmt::print("wrote     {}/{{trace.json (ui.perfetto.dev), timeline.svg, summary.txt, summary.json, trace.fa4trace}}\n",
-             dir.string());
+  write_outputs(a, t,
+                fmt::format("{} {}{}", bwd ? "bwd" : "fwd", pa.shape_string(), a.deterministic ? " deterministic" : ""),
+                bwd, exps, per16);
 }
 #else
 void run_trace(const TraceArgs&) {
@@ -175,6 +205,7 @@ void add_trace_command(CLI::App& app) {
   cmd->add_option("--out", args->out_dir, "directory for trace.json, timeline.svg, summary.*, trace.fa4trace")
       ->capture_default_str();
   cmd->add_option("--svg-ctas", args->svg_ctas, "CTAs drawn in timeline.svg")->delimiter(',')->capture_default_str();
+  add_kvcache_options(cmd, args->kvcache, args->page_size, args->append);
   cmd->callback([args] { run_trace(*args); });
 }
 

@@ -40,7 +40,7 @@ __device__ __forceinline__ void mbarrier_arrive_peer(uint64_t* peer_bar) {
 // The same arrival without a release, for a thread whose reads of what the peer will overwrite are complete (a
 // wgmma wait) and which wrote nothing the peer reads: the cluster-scope release above compiles to MEMBAR.ALL.GPU
 // before the arrive (perf-log F26: the forward's K/V pair ran at 0.65x of one CTA with it, 0.91-0.94x without;
-// B25: the backward pair's Q/dO releases relaxed, +17-24% in the multicast mode).
+// B25: the backward pair's Q/dO releases relaxed, +14-22% in the multicast mode).
 __device__ __forceinline__ void mbarrier_arrive_peer_relaxed(uint64_t* peer_bar) {
   ::cuda::ptx::mbarrier_arrive(::cuda::ptx::sem_relaxed, ::cuda::ptx::scope_cluster, ::cuda::ptx::space_cluster,
                                peer_bar);

@@ -43,7 +43,7 @@ struct BwdTile {
   // best with one (0.87 / 0.91); masked, one chain wins at every head dim (d = 64 1.00 / 1.00, d = 128 1.02 / 0.96,
   // d = 256 0.82 / 0.77; four: 0.90, 0.72, 0.57 at 2k): a causal block's turns are already staggered by the
   // diagonal, and each copy more is one more to sum. d = 192 follows d = 256 (unmeasured).
-  // Up to kShortKeysMax keys (the longest sequence's, varlen) at most kShortKeysDetChains, whatever the row says:
+  // Up to kShortKeysMax keys (a varlen call's max_seqlen_k) at most kShortKeysDetChains, whatever the row says:
   // perf-log B26 (H100, cae5d2f, two reps, det / default without a mask): four chains → two at 512 keys d = 64
   // 0.80 → 0.89, d = 256 0.80 → 0.88; at 1k 0.83 → 0.84 and 0.83 → 0.85; at 2k four stay best at d = 64 (0.88
   // against 0.84) and level at d = 256. Each chain is one more fp32 dQ copy written and summed, a fixed cost per
