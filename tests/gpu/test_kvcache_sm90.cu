@@ -211,6 +211,29 @@ TEST(GpuKvCacheSm90, SplitsAppendsAndPrefillChunks) {
   }
 }
 
+// The decode kernel (FA4_FWD_DECODE_KERNEL=1, perf-log F27) over contiguous and paged caches: every page size of
+// the decode test, an append, ragged lengths (0 and 1 keys, a tail in a 64-key chunk, a full cache), forced
+// splits, groups of 1, 4 and 16.
+TEST(GpuKvCacheSm90, DecodeKernelContiguousAndPaged) {
+  REQUIRE_SM90();
+  const EnvOverride on("FA4_FWD_DECODE_KERNEL", "1");
+  uint64_t seed = 1200;
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false)) {
+    if (head_dim > 128) continue;
+    for (int64_t page : {0, 16, 48, 64, 256})
+      for (int splits : {0, 1, 5}) {
+        CacheCase c;
+        c.dtype = dtype, c.head_dim = head_dim, c.page_size = page, c.seed = ++seed;
+        c.heads_q = splits == 5 ? 16 : 8, c.heads_kv = splits == 1 ? 8 : (splits == 5 ? 1 : 2);
+        c.capacity = page ? page * (page >= 256 ? 3 : 40) : 700;
+        c.cached = {0, 1, 17, 129, int32_t(c.capacity - 2), 300};
+        c.seqlen_new = 1;
+        c.options.causal = true, c.options.num_splits = splits;
+        check_kvcache(c);
+      }
+  }
+}
+
 // Prefill over a paged cache on every tile row of the head dims whose K/V tiles span several 64-column chunks
 // (d = 128, 192, 256: one query, a short chunk, more than a 128-row tile), with pages of 32, 64, 96 and 128 rows
 // (boxes of a whole tile or of part of one) and sequences ending inside a box, inside a tile and on a page's end.

@@ -197,6 +197,39 @@ TEST(GpuSplitKvSm90, SinksAndCallerWorkspace) {
     }
 }
 
+// The decode kernel (FA4_FWD_DECODE_KERNEL=1, perf-log F27) on the calls it takes (one query, no left window, no
+// sink; d = 64 and 128): against the reference, forced splits (one to more than the 64-key chunks) and the fill
+// rule, a caller's poisoned workspace, groups of 1, 4 and 16, softcap, 5 keys; and its bits differ from the
+// forward kernel's somewhere (the switch reaches another kernel). Calls it does not take (a left window) still
+// run, on the forward kernel.
+TEST(GpuSplitKvSm90, DecodeKernelMatchesTheReference) {
+  REQUIRE_SM90();
+  const SplitShape shapes[] = {{2, 1, 3001, 8, 2, false, -1, 0.0f}, {1, 1, 777, 4, 1, true, -1, 30.0f},
+                               {3, 1, 5, 4, 4, false, -1, 0.0f},    {1, 1, 1000, 16, 1, true, -1, 0.0f},
+                               {2, 1, 1000, 6, 2, false, 100, 0.0f}};
+  uint64_t seed = 7000;
+  int cases = 0, differing = 0;
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false)) {
+    if (head_dim > 128) continue;
+    for (const SplitShape& s : shapes)
+      for (int splits : {0, 1, 3, 7, 200}) {
+        SplitCase c = split_case(s, dtype, head_dim, splits, ++seed);
+        c.caller_workspace = splits == 0;
+        SplitRun base;
+        {
+          const EnvOverride off("FA4_FWD_DECODE_KERNEL", "0");
+          base = run_split_case(c, /*with_reference=*/false);
+        }
+        const EnvOverride on("FA4_FWD_DECODE_KERNEL", "1");
+        check_split_case(c);
+        const SplitRun r = run_split_case(c, /*with_reference=*/false);
+        ++cases, differing += r.out_bytes != base.out_bytes;
+      }
+  }
+  EXPECT_GT(differing, cases / 2) << "the decode kernel's bits equal the forward kernel's in " << cases - differing
+                                  << " of " << cases << " calls: is FA4_FWD_DECODE_KERNEL reaching it?";
+}
+
 TEST(GpuSplitKvSm90, TooSmallWorkspaceIsRefusedByName) {
   REQUIRE_SM90();
   SplitCase c;

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "cuda/sm90/config.hpp"
+#include "cuda/sm90/decode.hpp"
 #include "cuda/sm90/kvcache_append.hpp"
 #include "cuda/sm90/kernel_fwd.hpp"
 #include "cuda/sm90/launch_common.hpp"
@@ -299,14 +300,17 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
 //   FA4_FWD_VARLEN_COUNTER (default 1; perf-log F24): a variable-length batch's tiles handed out by the tile
 //     counter; 0 walks them in a fixed stride.
+//   FA4_FWD_DECODE_KERNEL (default 0; perf-log F27): 1 runs a call decode_kernel_applies to on the decode kernel
+//     (decode.cu) instead of the forward kernel's decode row.
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
+  bool decode_kernel = false;
 };
 FwdSwitches read_fwd_switches(const char* call) {
   return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
-          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true)};
+          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), env_switch(call, "FA4_FWD_DECODE_KERNEL", false)};
 }
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
@@ -355,6 +359,108 @@ void map_value_tails(const Tensor& v, int64_t head_dim, FwdParams& params) {
   map_tensor(v, head_dim, 1, &params.v_map1);
 }
 
+// Split-KV's partials (FwdPlan::splits > 1): in the caller's workspace, or in stream-ordered memory (`owned`, freed
+// by the caller on every path).
+struct SplitPartials {
+  float* o = nullptr;
+  float* lse = nullptr;
+};
+SplitPartials split_partials(const char* call, const detail::Problem& p, const FwdPlan& plan, Workspace workspace,
+                             cudaStream_t stream, std::optional<StreamOrderedBuffer>& owned) {
+  uint8_t* base = static_cast<uint8_t*>(workspace.data);
+  if (base == nullptr) {
+    owned.emplace(call, split_workspace_bytes(p, plan), stream, "the split-KV partials");
+    base = static_cast<uint8_t*>(owned->get());
+  }
+  if (reinterpret_cast<uintptr_t>(base) % 256 != 0)
+    throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected a 256-byte aligned "
+                                                              "pointer, got address " +
+                                              std::to_string(reinterpret_cast<uintptr_t>(base)));
+  const SplitWorkspaceLayout layout = split_workspace_layout(p, plan);
+  return {reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + layout.lse_offset)};
+}
+
+// The combine kernel's view of a split call: the unpacked rows (partial rows are laid out the same in both views).
+SplitCombineParams combine_params(const detail::Problem& p, const FwdPlan& plan, const SplitPartials& partials,
+                                  const Tensor& out, const Tensor* lse) {
+  SplitCombineParams c;
+  c.o_partial = partials.o;
+  c.lse_partial = partials.lse;
+  c.num_splits = plan.splits;
+  c.batch = int32_t(p.batch), c.heads_q = int32_t(p.heads_q), c.seqlen_q = int32_t(p.seqlen_q);
+  c.head_dim = int32_t(p.head_dim);
+  c.out = out.data;
+  c.out_stride_b = out.stride[kBatch], c.out_stride_s = out.stride[kSeq], c.out_stride_h = out.stride[kHeads];
+  c.out_pairs_aligned = reinterpret_cast<uintptr_t>(out.data) % 4 == 0 && out.stride[kBatch] % 2 == 0 &&
+                        out.stride[kSeq] % 2 == 0 && out.stride[kHeads] % 2 == 0;
+  if (lse != nullptr) {
+    c.lse = static_cast<float*>(lse->data);
+    c.lse_stride_b = lse->stride[0], c.lse_stride_h = lse->stride[1], c.lse_stride_s = lse->stride[2];
+  }
+  if (p.sinks != nullptr) {
+    c.sinks = static_cast<const float*>(p.sinks->data);
+    c.sinks_stride = p.sinks->stride[0];
+  }
+  return c;
+}
+
+// The decode kernel's calls (decode.hpp): one query per sequence, a group that fits its 16 rows, no left window
+// (with one query, causal and a right window hide no key), no sink and no exp2 emulation (it has neither), and
+// rows it can address: 16-byte K/V rows, 4-byte query pairs.
+bool decode_kernel_applies(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
+  auto rows_16b = [](const Tensor& t) {
+    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[kBatch] % 8 == 0 && t.stride[kSeq] % 8 == 0 &&
+           t.stride[kHeads] % 8 == 0;
+  };
+  return has_decode_kernel(p.dtype, p.head_dim) && p.seqlen_q == 1 && p.group() <= kDecodeMaxRows &&
+         p.mask.left < 0 && p.sinks == nullptr && p.exp2_emulated_per16 == 0 && p.seqlen_k > 0 && rows_16b(k) &&
+         rows_16b(v) && reinterpret_cast<uintptr_t>(q.data) % 4 == 0 && q.stride[kBatch] % 2 == 0 &&
+         q.stride[kHeads] % 2 == 0;
+}
+
+// A call decode_kernel_applies to, on the decode kernel: the plan's split count (and so its workspace), the
+// KV-cache append first, the combine after a split.
+void run_decode(const char* call, const detail::Problem& p, const FwdPlan& plan, const Tensor& q, const Tensor& k,
+                const Tensor& v, const Tensor& out, const Tensor* lse, const KvCacheArgs* cache, Workspace workspace,
+                Stream stream) {
+  const DeviceGuard device(call, q.device_index);
+  const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
+  DecodeParams d;
+  d.q = q.data, d.q_stride_b = q.stride[kBatch], d.q_stride_h = q.stride[kHeads];
+  d.out = out.data, d.out_stride_b = out.stride[kBatch], d.out_stride_h = out.stride[kHeads];
+  d.k = k.data, d.k_stride_b = k.stride[kBatch], d.k_stride_s = k.stride[kSeq], d.k_stride_h = k.stride[kHeads];
+  d.v = v.data, d.v_stride_b = v.stride[kBatch], d.v_stride_s = v.stride[kSeq], d.v_stride_h = v.stride[kHeads];
+  d.seqlen_k = int32_t(p.seqlen_k);
+  if (cache != nullptr) {
+    d.seqused_k = cache->cache_seqlens;
+    d.seqlen_k_added = int32_t(cache->seqlen_new);
+    d.page_table = cache->page_table;
+    d.page_table_stride = int32_t(cache->max_pages);
+    d.page_size = int32_t(cache->page_size);
+  }
+  d.batch = int32_t(p.batch), d.heads_kv = int32_t(p.heads_kv), d.group = int32_t(p.group());
+  d.num_splits = plan.splits;
+  d.score = num::ScoreTransform::make(p.scale, p.softcap);
+  d.rescale_threshold = p.rescale_threshold;
+  std::optional<StreamOrderedBuffer> owned;
+  SplitPartials partials;
+  if (plan.splits > 1) {
+    partials = split_partials(call, p, plan, workspace, cu_stream, owned);
+    d.o_partial = partials.o, d.lse_partial = partials.lse;
+  } else if (lse != nullptr) {
+    d.lse = static_cast<float*>(lse->data), d.lse_stride_b = lse->stride[0], d.lse_stride_h = lse->stride[1];
+  }
+  if (uint64_t(plan.splits) * uint64_t(p.heads_kv) * uint64_t(p.batch) > uint64_t(kMaxIndex))
+    unsupported(call, "q", "at most 2^31 - 1 decode CTAs (splits·heads_kv·batch)",
+                std::to_string(uint64_t(plan.splits) * uint64_t(p.heads_kv) * uint64_t(p.batch)));
+  if (cache != nullptr) append_new_keys(call, k, v, *cache, cu_stream);
+  throw_if_cuda_error(call, launch_decode(p.dtype, int(p.head_dim), d, cu_stream), "sm_90a decode launch failed");
+  if (plan.splits > 1)
+    throw_if_cuda_error(call, launch_split_combine(p.dtype, combine_params(p, plan, partials, out, lse), cu_stream),
+                        "split-KV combine launch failed");
+  if (owned) owned->free(call);
+}
+
 // The dense forward, or with `cache` a KV-cache call: the same plan (row, GQA packing, splits), run by the
 // instances with per-sequence geometry over the cache (k, v: the caches; p sized on their capacity).
 void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in, const Tensor& k, const Tensor& v,
@@ -374,6 +480,8 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
     throw Error(Status::invalid_argument, std::string(call) + ": tile-table row " + std::to_string(row) +
                                               " is not a row of head dim " + std::to_string(p.head_dim));
+  if (switches.decode_kernel && decode_kernel_applies(p, q_in, k, v))
+    return run_decode(call, p, plan, q_in, k, v, out_in, lse_in, cache, workspace, stream);
   const FwdTile& tile = kFwdTiles[row];
   const uint32_t block_m = uint32_t(tile.block_m);
   const int64_t num_tiles = plan.num_tiles * plan.splits;
@@ -458,42 +566,14 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   params.rescale_threshold = p.rescale_threshold;
   params.exp2_emulated_per16 = p.exp2_emulated_per16;
 
-  // Split partials: the caller's workspace, or stream-ordered memory (freed on every path).
+  // Split partials: the caller's workspace, or stream-ordered memory (freed on every path); the combine's view is
+  // the unpacked one.
   std::optional<StreamOrderedBuffer> owned;
   if (split) {
-    uint8_t* base = static_cast<uint8_t*>(workspace.data);
-    if (base == nullptr) {
-      owned.emplace(call, split_workspace_bytes(p, plan), cu_stream, "the split-KV partials");
-      base = static_cast<uint8_t*>(owned->get());
-    }
-    if (reinterpret_cast<uintptr_t>(base) % 256 != 0)
-      throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected a 256-byte aligned "
-                                                                "pointer, got address " +
-                                                std::to_string(reinterpret_cast<uintptr_t>(base)));
-    const SplitWorkspaceLayout layout = split_workspace_layout(p, plan);
-    params.o_partial = reinterpret_cast<float*>(base);
-    params.lse_partial = reinterpret_cast<float*>(base + layout.lse_offset);
-  }
-
-  if (split) {  // the combine's view is the unpacked one: partial rows are laid out the same in both
-    SplitCombineParams& c = params.combine;
-    c.o_partial = params.o_partial;
-    c.lse_partial = params.lse_partial;
-    c.num_splits = plan.splits;
-    c.batch = int32_t(p.batch), c.heads_q = int32_t(p.heads_q), c.seqlen_q = int32_t(p.seqlen_q);
-    c.head_dim = int32_t(p.head_dim);
-    c.out = out_in.data;
-    c.out_stride_b = out_in.stride[kBatch], c.out_stride_s = out_in.stride[kSeq], c.out_stride_h = out_in.stride[kHeads];
-    c.out_pairs_aligned = reinterpret_cast<uintptr_t>(out_in.data) % 4 == 0 && out_in.stride[kBatch] % 2 == 0 &&
-                          out_in.stride[kSeq] % 2 == 0 && out_in.stride[kHeads] % 2 == 0;
-    if (lse_in != nullptr) {
-      c.lse = static_cast<float*>(lse_in->data);
-      c.lse_stride_b = lse_in->stride[0], c.lse_stride_h = lse_in->stride[1], c.lse_stride_s = lse_in->stride[2];
-    }
-    if (p.sinks != nullptr) {
-      c.sinks = static_cast<const float*>(p.sinks->data);
-      c.sinks_stride = p.sinks->stride[0];
-    }
+    const SplitPartials partials = split_partials(call, p, plan, workspace, cu_stream, owned);
+    params.o_partial = partials.o;
+    params.lse_partial = partials.lse;
+    params.combine = combine_params(p, plan, partials, out_in, lse_in);
   }
   // The persistent grid: one CTA per SM (the shared-memory tile allows no second), none idle on small problems.
   const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(1);

@@ -1,0 +1,284 @@
+// The decode kernel (decode.hpp; perf-log F27). One CTA of four warps per (key range, kv head, sequence). The kv
+// head's query heads are the rows of one 16-row tile (rows past the group are zeros, never stored); its key range
+// streams through shared memory in chunks of 64 keys (16 per warp) by cp.async, kStages chunks in flight, rows
+// past the sequence's keys zero-filled (an unwritten cache slot may hold NaN, and 0 · NaN is NaN in P·V). Each warp
+// keeps its own online softmax over its 16 keys of every chunk (S = Q·Kᵀ and O += P·V on mma.sync m16n8k16, P
+// from the S registers, V through ldmatrix.trans), with the forward's numerics (num::ScoreTransform, the
+// conditional rescale, finalize_row); at the end the four (m, l, O) merge through shared memory and the CTA
+// writes its rows: O and LSE, or with splits the range's O / l and LSE for the combine kernel.
+#include "cuda/sm90/decode.hpp"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_pipeline.h>
+
+#include "cuda/ptx/mma_sync.cuh"
+#include "cuda/sm90/tiles.cuh"
+
+namespace fa4::sm90 {
+namespace {
+
+constexpr int kDecodeWarps = 4;
+constexpr int kDecodeThreads = 32 * kDecodeWarps;
+constexpr int kKeysPerWarp = 16;  // one k-step of P·V
+constexpr int kChunkKeys = kKeysPerWarp * kDecodeWarps;
+constexpr int kDecodeStages = 4;
+
+template <int HeadDim>
+struct DecodeLayout {
+  // A K or V row padded by 16 bytes: consecutive rows start 4 banks apart, so the 8 rows an ldmatrix (or the 8 key
+  // rows of a B fragment's 32-bit loads) touches fall in distinct banks.
+  static constexpr int kRowBytes = HeadDim * 2 + 16;
+  static constexpr int kTileBytes = kChunkKeys * kRowBytes;
+  static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
+  static constexpr int kSmemBytes = kDecodeStages * kStageBytes;
+  static constexpr int kSegments = HeadDim * 2 / 16;  // 16-byte copies per row
+  static constexpr int kCopiesPerThread = kChunkKeys * kSegments / kDecodeThreads;
+  // The merge: every warp's O [16][HeadDim], then m and l [16] each, fp32, over the (drained) stages.
+  static constexpr int kMergeBytes = kDecodeWarps * kDecodeMaxRows * (HeadDim + 2) * 4;
+  static constexpr int kColsPerMergeThread = HeadDim * kDecodeMaxRows / kDecodeThreads;
+  static_assert(HeadDim % 16 == 0, "whole k-steps of 16");
+  static_assert(kChunkKeys * kSegments % kDecodeThreads == 0, "every thread issues the same number of copies");
+  static_assert(kMergeBytes <= kSmemBytes, "the merge scratch fits in the stages");
+  static_assert(kSmemBytes <= 227 * 1024, "sm_90's shared memory per CTA");
+  static_assert(kDecodeThreads % kDecodeMaxRows == 0 && HeadDim % (kDecodeThreads / kDecodeMaxRows) == 0,
+                "the merge gives each thread whole columns of one row");
+};
+
+template <ptx::MmaInput In>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  if constexpr (In == ptx::MmaInput::bf16) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  } else {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  }
+}
+
+template <ptx::MmaInput In>
+__device__ __forceinline__ uint16_t to_bits(float x) {
+  if constexpr (In == ptx::MmaInput::bf16) {
+    const __nv_bfloat16 v = __float2bfloat16_rn(x);
+    return *reinterpret_cast<const uint16_t*>(&v);
+  } else {
+    const __half v = __float2half_rn(x);
+    return *reinterpret_cast<const uint16_t*>(&v);
+  }
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_add(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Key j's row of the kv head in K or V (a page's row in a paged cache).
+__device__ __forceinline__ const uint16_t* key_row(const DecodeParams& p, const void* base, int64_t stride_b,
+                                                   int64_t stride_s, int64_t stride_h, int b, int kv_head, int32_t j) {
+  const uint16_t* t = static_cast<const uint16_t*>(base) + kv_head * stride_h;
+  if (p.page_table == nullptr) return t + b * stride_b + j * stride_s;
+  const int32_t page = p.page_table[int64_t(b) * p.page_table_stride + j / p.page_size];
+  return t + page * stride_b + (j % p.page_size) * stride_s;
+}
+
+template <ptx::MmaInput In, int HeadDim>
+__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
+  using L = DecodeLayout<HeadDim>;
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int g = lane / 4, c = 2 * (lane % 4);  // fragment row and column pair (mma_sync.cuh)
+  const int split = int(blockIdx.x % uint32_t(p.num_splits));
+  const int kv_head = int(blockIdx.x / uint32_t(p.num_splits) % uint32_t(p.heads_kv));
+  const int b = int(blockIdx.x / uint32_t(p.num_splits * p.heads_kv));
+  // As the forward (kernel_fwd.cu): the next kernel (the combine) may become resident; nothing global is touched
+  // before the previous one (the KV-cache append) is done.
+  if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
+  cudaGridDependencySynchronize();
+
+  const int32_t n_keys = p.seqused_k != nullptr ? p.seqused_k[b] + p.seqlen_k_added : p.seqlen_k;
+  const int32_t chunks = (n_keys + kChunkKeys - 1) / kChunkKeys;
+  const int32_t c_begin = int32_t(int64_t(chunks) * split / p.num_splits);
+  const int32_t c_end = int32_t(int64_t(chunks) * (split + 1) / p.num_splits);
+
+  // Chunk `chunk` of K and V into stage `stage` (one commit group, empty past the range).
+  auto issue = [&](int32_t chunk, int stage) {
+    if (chunk < c_end) {
+      uint8_t* const k_tile = smem + stage * L::kStageBytes;
+      uint8_t* const v_tile = k_tile + L::kTileBytes;
+#pragma unroll
+      for (int i = 0; i < L::kCopiesPerThread; ++i) {
+        const int index = int(threadIdx.x) + i * kDecodeThreads;
+        const int row = index / L::kSegments, seg = index % L::kSegments;
+        const int32_t j = chunk * kChunkKeys + row;
+        const bool inside = j < n_keys;
+        const int32_t at = inside ? j : 0;  // a valid row; nothing is read from it when outside (zero fill)
+        const size_t zeros = inside ? 0 : 16;
+        __pipeline_memcpy_async(k_tile + row * L::kRowBytes + seg * 16,
+                                key_row(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, kv_head, at) + seg * 8,
+                                16, zeros);
+        __pipeline_memcpy_async(v_tile + row * L::kRowBytes + seg * 16,
+                                key_row(p, p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, b, kv_head, at) + seg * 8,
+                                16, zeros);
+      }
+    }
+    __pipeline_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < kDecodeStages - 1; ++s) issue(c_begin + s, s);
+
+  // Q's rows as A fragments, loaded once: row r is query head kv_head · group + r (zeros past the group).
+  uint32_t qf[HeadDim / 16][4];
+  const uint16_t* const q = static_cast<const uint16_t*>(p.q) + b * p.q_stride_b;
+#pragma unroll
+  for (int ks = 0; ks < HeadDim / 16; ++ks)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = g + 8 * (i & 1), col = ks * 16 + c + 8 * (i >> 1);
+      qf[ks][i] = row < p.group
+                      ? *reinterpret_cast<const uint32_t*>(q + (int64_t(kv_head) * p.group + row) * p.q_stride_h + col)
+                      : 0u;
+    }
+
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8; l summed over the quad at the end
+  float o[HeadDim / 8][4];
+#pragma unroll
+  for (int j = 0; j < HeadDim / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+  for (int32_t chunk = c_begin; chunk < c_end; ++chunk) {
+    const int i = chunk - c_begin;
+    issue(chunk + kDecodeStages - 1, (i + kDecodeStages - 1) % kDecodeStages);  // the stage the last chunk read
+    __pipeline_wait_prior(kDecodeStages - 1);  // this thread's copies of `chunk` have landed
+    __syncthreads();                           // and everyone's
+    const uint8_t* const k_rows = smem + (i % kDecodeStages) * L::kStageBytes + warp * kKeysPerWarp * L::kRowBytes;
+    const uint8_t* const v_rows = k_rows + L::kTileBytes;
+
+    float s[2][4] = {};  // keys 8·nt + c, c + 1 of the warp's 16; rows g (0, 1) and g + 8 (2, 3)
+#pragma unroll
+    for (int ks = 0; ks < HeadDim / 16; ++ks)
+#pragma unroll
+      for (int nt = 0; nt < 2; ++nt) {
+        const uint8_t* const at = k_rows + (nt * 8 + g) * L::kRowBytes + (ks * 16 + c) * 2;
+        const uint32_t kf[2] = {*reinterpret_cast<const uint32_t*>(at), *reinterpret_cast<const uint32_t*>(at + 16)};
+        ptx::mma_m16n8k16<In>(s[nt], qf[ks], kf);
+      }
+
+    const int32_t key0 = chunk * kChunkKeys + warp * kKeysPerWarp;
+    float block_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = key0 + nt * 8 + c + (e & 1) < n_keys ? p.score(s[nt][e]) : -INFINITY;
+        block_max[e >> 1] = fmaxf(block_max[e >> 1], s[nt][e]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const num::RowMaxUpdate u = num::update_row_max(m[h], quad_max(block_max[h]), p.rescale_threshold);
+      if (u.rescaled) {
+        const float scale = exp2f(u.log2_scale);
+        l[h] *= scale;
+#pragma unroll
+        for (int j = 0; j < HeadDim / 8; ++j) o[j][2 * h] *= scale, o[j][2 * h + 1] *= scale;
+      }
+      m[h] = u.m;
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        s[nt][e] = exp2f(s[nt][e] - num::safe_max(m[e >> 1]));
+        l[e >> 1] += s[nt][e];
+      }
+    // P as the A fragment of the warp's 16 keys: S's C layout of key tiles 0 and 1 is A's column halves.
+    const uint32_t pf[4] = {pack_pair<In>(s[0][0], s[0][1]), pack_pair<In>(s[0][2], s[0][3]),
+                            pack_pair<In>(s[1][0], s[1][1]), pack_pair<In>(s[1][2], s[1][3])};
+    // V's B fragments by ldmatrix.trans: matrices (keys 0-7 | 8-15) × (columns dn .. dn + 7 | dn + 8 .. dn + 15).
+    const int mat = lane / 8;
+    const uint32_t v_lane = static_cast<uint32_t>(__cvta_generic_to_shared(
+        v_rows + ((mat & 1) * 8 + lane % 8) * L::kRowBytes + (mat >> 1) * 16));
+#pragma unroll
+    for (int dn = 0; dn < HeadDim; dn += 16) {
+      uint32_t vf[4];
+      ptx::ldmatrix_x4_trans(vf, v_lane + dn * 2);
+      const uint32_t lo[2] = {vf[0], vf[1]}, hi[2] = {vf[2], vf[3]};
+      ptx::mma_m16n8k16<In>(o[dn / 8], pf, lo);
+      ptx::mma_m16n8k16<In>(o[dn / 8 + 1], pf, hi);
+    }
+    __syncthreads();  // every warp is done with this stage before it is refilled
+  }
+  __pipeline_wait_prior(0);  // no copy is in flight into the stages the merge reuses (only empty groups remain)
+  __syncthreads();
+
+  // The merge: each warp's (m, l, O) rows into shared memory, then each thread one row's share of the columns.
+  float* const merge_o = reinterpret_cast<float*>(smem);                      // [warp][row][HeadDim]
+  float* const merge_m = merge_o + kDecodeWarps * kDecodeMaxRows * HeadDim;  // [warp][row]
+  float* const merge_l = merge_m + kDecodeWarps * kDecodeMaxRows;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] = quad_add(l[h]);
+    if (lane % 4 == 0) merge_m[warp * kDecodeMaxRows + g + 8 * h] = m[h], merge_l[warp * kDecodeMaxRows + g + 8 * h] = l[h];
+  }
+#pragma unroll
+  for (int j = 0; j < HeadDim / 8; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      merge_o[(warp * kDecodeMaxRows + g + 8 * (e >> 1)) * HeadDim + j * 8 + c + (e & 1)] = o[j][e];
+  __syncthreads();
+
+  const int row = int(threadIdx.x) / (kDecodeThreads / kDecodeMaxRows);
+  const int col0 = int(threadIdx.x) % (kDecodeThreads / kDecodeMaxRows) * L::kColsPerMergeThread;
+  if (row >= p.group) return;
+  float row_max = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) row_max = fmaxf(row_max, merge_m[w * kDecodeMaxRows + row]);
+  float weight[kDecodeWarps], row_sum = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kDecodeWarps; ++w) {
+    const float mw = merge_m[w * kDecodeMaxRows + row];
+    weight[w] = mw == -INFINITY ? 0.0f : exp2f(mw - row_max);  // a warp that saw no key adds nothing
+    row_sum += merge_l[w * kDecodeMaxRows + row] * weight[w];
+  }
+  const num::RowFinal fin = num::finalize_row(row_max, row_sum);  // no key at all: O = 0, LSE = -inf
+  const int64_t head = int64_t(kv_head) * p.group + row, heads_q = int64_t(p.heads_kv) * p.group;
+  const int64_t partial_row = (int64_t(split) * p.batch + b) * heads_q + head;
+  if (p.o_partial != nullptr && col0 == 0) p.lse_partial[partial_row] = fin.lse;
+  if (p.o_partial == nullptr && p.lse != nullptr && col0 == 0) p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = fin.lse;
+  uint16_t* const out = static_cast<uint16_t*>(p.out) + b * p.out_stride_b + head * p.out_stride_h;
+#pragma unroll
+  for (int col = col0; col < col0 + L::kColsPerMergeThread; ++col) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) acc += merge_o[(w * kDecodeMaxRows + row) * HeadDim + col] * weight[w];
+    if (p.o_partial != nullptr)
+      p.o_partial[partial_row * HeadDim + col] = acc * fin.inv_l;
+    else
+      out[col] = to_bits<In>(acc * fin.inv_l);
+  }
+}
+
+template <ptx::MmaInput In, int HeadDim>
+cudaError_t launch_typed(const DecodeParams& p, cudaStream_t stream) {
+  const uint32_t grid = uint32_t(p.num_splits) * uint32_t(p.heads_kv) * uint32_t(p.batch);
+  return launch_with_dynamic_smem(decode_kernel<In, HeadDim>, grid, kDecodeThreads,
+                                  uint32_t(DecodeLayout<HeadDim>::kSmemBytes), stream, p, 1, /*programmatic=*/true);
+}
+
+}  // namespace
+
+bool has_decode_kernel(DType dtype, int64_t head_dim) {
+  return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128);
+}
+
+cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cudaStream_t stream) {
+  const bool bf16 = dtype == DType::bf16;
+  if (!has_decode_kernel(dtype, head_dim)) return cudaErrorInvalidValue;
+  if (head_dim == 64)
+    return bf16 ? launch_typed<ptx::MmaInput::bf16, 64>(p, stream) : launch_typed<ptx::MmaInput::f16, 64>(p, stream);
+  return bf16 ? launch_typed<ptx::MmaInput::bf16, 128>(p, stream) : launch_typed<ptx::MmaInput::f16, 128>(p, stream);
+}
+
+}  // namespace fa4::sm90
