@@ -62,7 +62,8 @@ HostTensor clone(const HostTensor& t) {
   return c;
 }
 
-void check_kvcache(const CacheCase& c) {
+// Returns the GPU call's out, as stored (empty if it threw).
+std::vector<uint16_t> check_kvcache(const CacheCase& c) {
   SCOPED_TRACE(c.name());
   const int64_t batch = int64_t(c.cached.size()), d = c.head_dim, hk = c.heads_kv;
   const bool paged = c.page_size > 0;
@@ -129,9 +130,12 @@ void check_kvcache(const CacheCase& c) {
     fa4::forward_kvcache(d_q.desc(), d_kc.desc(), d_vc.desc(), d_out.desc(), &d_lse.desc(), kv, c.options);
   } catch (const fa4::Error& e) {
     ADD_FAILURE() << "threw: " << e.what();
-    return;
+    return {};
   }
-  CUDA_OK(cudaDeviceSynchronize());
+  if (const cudaError_t e = cudaDeviceSynchronize(); e != cudaSuccess) {
+    ADD_FAILURE() << "cudaDeviceSynchronize -> " << cudaGetErrorName(e) << ": " << cudaGetErrorString(e);
+    return {};
+  }
   d_out.copy_back(out), d_lse.copy_back(lse);
   HostTensor kc_gpu = clone(kc), vc_gpu = clone(vc);
   d_kc.copy_back(kc_gpu), d_vc.copy_back(vc_gpu);
@@ -168,6 +172,7 @@ void check_kvcache(const CacheCase& c) {
   }
   std::printf("  %-100s %s\n", c.name().c_str(), ::testing::Test::HasFailure() ? "FAIL" : "ok");
   std::fflush(stdout);
+  return std::vector<uint16_t>(elems(out), elems(out) + out.numel());
 }
 
 TEST(GpuKvCacheSm90, DecodeEveryInstanceContiguousAndPaged) {
@@ -212,12 +217,13 @@ TEST(GpuKvCacheSm90, SplitsAppendsAndPrefillChunks) {
 }
 
 // The decode kernel (FA4_FWD_DECODE_KERNEL=1, perf-log F27) over contiguous and paged caches: every page size of
-// the decode test, an append, ragged lengths (0 and 1 keys, a tail in a 64-key chunk, a full cache), forced
-// splits, groups of 1, 4 and 16.
+// the decode test, forced splits (ranges left empty by short sequences included), groups of 1, 4 and 16; with an
+// append (1 to a full cache less one key) and without (a sequence of no key: O = 0, LSE = -inf; a full cache);
+// and its bits differ from the forward kernel's on every call (the switch reaches another kernel).
 TEST(GpuKvCacheSm90, DecodeKernelContiguousAndPaged) {
   REQUIRE_SM90();
-  const EnvOverride on("FA4_FWD_DECODE_KERNEL", "1");
   uint64_t seed = 1200;
+  int cases = 0, differing = 0;
   for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false)) {
     if (head_dim > 128) continue;
     for (int64_t page : {0, 16, 48, 64, 256})
@@ -226,12 +232,20 @@ TEST(GpuKvCacheSm90, DecodeKernelContiguousAndPaged) {
         c.dtype = dtype, c.head_dim = head_dim, c.page_size = page, c.seed = ++seed;
         c.heads_q = splits == 5 ? 16 : 8, c.heads_kv = splits == 1 ? 8 : (splits == 5 ? 1 : 2);
         c.capacity = page ? page * (page >= 256 ? 3 : 40) : 700;
-        c.cached = {0, 1, 17, 129, int32_t(c.capacity - 2), 300};
-        c.seqlen_new = 1;
-        c.options.causal = true, c.options.num_splits = splits;
-        check_kvcache(c);
+        c.seqlen_new = splits == 1 ? 0 : 1;
+        c.cached = {0, 1, 17, 129, int32_t(c.capacity - c.seqlen_new - (splits == 1 ? 0 : 1)), 300};
+        c.options.causal = splits != 5, c.options.num_splits = splits;
+        std::vector<uint16_t> base;
+        {
+          const EnvOverride off("FA4_FWD_DECODE_KERNEL", "0");
+          base = check_kvcache(c);
+        }
+        const EnvOverride on("FA4_FWD_DECODE_KERNEL", "1");
+        ++cases, differing += check_kvcache(c) != base;
       }
   }
+  EXPECT_EQ(differing, cases) << "calls whose out is the forward kernel's bit for bit: is FA4_FWD_DECODE_KERNEL "
+                                 "reaching the decode kernel?";
 }
 
 // Prefill over a paged cache on every tile row of the head dims whose K/V tiles span several 64-column chunks

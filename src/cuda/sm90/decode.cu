@@ -34,15 +34,16 @@ struct DecodeLayout {
   static constexpr int kSmemBytes = kDecodeStages * kStageBytes;
   static constexpr int kSegments = HeadDim * 2 / 16;  // 16-byte copies per row
   static constexpr int kCopiesPerThread = kChunkKeys * kSegments / kDecodeThreads;
-  // The merge: every warp's O [16][HeadDim], then m and l [16] each, fp32, over the (drained) stages.
-  static constexpr int kMergeBytes = kDecodeWarps * kDecodeMaxRows * (HeadDim + 2) * 4;
-  static constexpr int kColsPerMergeThread = HeadDim * kDecodeMaxRows / kDecodeThreads;
+  // The merge: every warp's O [16][kMergeStride], then m and l [16] each, fp32, over the (drained) stages. Rows
+  // 8 banks apart: the merge's readers (4 rows × 8 column phases per warp) hit 32 distinct banks.
+  static constexpr int kMergeStride = HeadDim + 8;
+  static constexpr int kMergeBytes = kDecodeWarps * kDecodeMaxRows * (kMergeStride + 2) * 4;
+  static constexpr int kMergePhases = kDecodeThreads / kDecodeMaxRows;  // threads per row; a thread every 8th column
   static_assert(HeadDim % 16 == 0, "whole k-steps of 16");
   static_assert(kChunkKeys * kSegments % kDecodeThreads == 0, "every thread issues the same number of copies");
   static_assert(kMergeBytes <= kSmemBytes, "the merge scratch fits in the stages");
   static_assert(kSmemBytes <= 227 * 1024, "sm_90's shared memory per CTA");
-  static_assert(kDecodeThreads % kDecodeMaxRows == 0 && HeadDim % (kDecodeThreads / kDecodeMaxRows) == 0,
-                "the merge gives each thread whole columns of one row");
+  static_assert(kMergePhases == 8 && HeadDim % kMergePhases == 0, "the merge gives each thread every 8th column");
 };
 
 template <ptx::MmaInput In>
@@ -76,13 +77,18 @@ __device__ __forceinline__ float quad_add(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Key j's row of the kv head in K or V (a page's row in a paged cache).
-__device__ __forceinline__ const uint16_t* key_row(const DecodeParams& p, const void* base, int64_t stride_b,
-                                                   int64_t stride_s, int64_t stride_h, int b, int kv_head, int32_t j) {
-  const uint16_t* t = static_cast<const uint16_t*>(base) + kv_head * stride_h;
-  if (p.page_table == nullptr) return t + b * stride_b + j * stride_s;
-  const int32_t page = p.page_table[int64_t(b) * p.page_table_stride + j / p.page_size];
-  return t + page * stride_b + (j % p.page_size) * stride_s;
+// Where key j of sequence b lives: the batch (or page) index and the row in it. One page-table read serves K and V.
+struct KeySlot {
+  int64_t block;
+  int32_t row;
+};
+__device__ __forceinline__ KeySlot key_slot(const DecodeParams& p, int b, int32_t j) {
+  if (p.page_table == nullptr) return {b, j};
+  return {p.page_table[int64_t(b) * p.page_table_stride + j / p.page_size], j % p.page_size};
+}
+__device__ __forceinline__ const uint16_t* key_row(const void* base, int64_t stride_b, int64_t stride_s,
+                                                   int64_t stride_h, int kv_head, KeySlot at) {
+  return static_cast<const uint16_t*>(base) + at.block * stride_b + at.row * stride_s + kv_head * stride_h;
 }
 
 template <ptx::MmaInput In, int HeadDim>
@@ -115,14 +121,13 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
         const int row = index / L::kSegments, seg = index % L::kSegments;
         const int32_t j = chunk * kChunkKeys + row;
         const bool inside = j < n_keys;
-        const int32_t at = inside ? j : 0;  // a valid row; nothing is read from it when outside (zero fill)
+        // Outside the keys: the sequence's first row, a valid address from which nothing is read (zero fill).
+        const KeySlot at = key_slot(p, b, inside ? j : 0);
         const size_t zeros = inside ? 0 : 16;
         __pipeline_memcpy_async(k_tile + row * L::kRowBytes + seg * 16,
-                                key_row(p, p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, b, kv_head, at) + seg * 8,
-                                16, zeros);
+                                key_row(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, kv_head, at) + seg * 8, 16, zeros);
         __pipeline_memcpy_async(v_tile + row * L::kRowBytes + seg * 16,
-                                key_row(p, p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, b, kv_head, at) + seg * 8,
-                                16, zeros);
+                                key_row(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, kv_head, at) + seg * 8, 16, zeros);
       }
     }
     __pipeline_commit();
@@ -214,8 +219,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   __syncthreads();
 
   // The merge: each warp's (m, l, O) rows into shared memory, then each thread one row's share of the columns.
-  float* const merge_o = reinterpret_cast<float*>(smem);                      // [warp][row][HeadDim]
-  float* const merge_m = merge_o + kDecodeWarps * kDecodeMaxRows * HeadDim;  // [warp][row]
+  float* const merge_o = reinterpret_cast<float*>(smem);                             // [warp][row][kMergeStride]
+  float* const merge_m = merge_o + kDecodeWarps * kDecodeMaxRows * L::kMergeStride;  // [warp][row]
   float* const merge_l = merge_m + kDecodeWarps * kDecodeMaxRows;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -226,11 +231,10 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   for (int j = 0; j < HeadDim / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      merge_o[(warp * kDecodeMaxRows + g + 8 * (e >> 1)) * HeadDim + j * 8 + c + (e & 1)] = o[j][e];
+      merge_o[(warp * kDecodeMaxRows + g + 8 * (e >> 1)) * L::kMergeStride + j * 8 + c + (e & 1)] = o[j][e];
   __syncthreads();
 
-  const int row = int(threadIdx.x) / (kDecodeThreads / kDecodeMaxRows);
-  const int col0 = int(threadIdx.x) % (kDecodeThreads / kDecodeMaxRows) * L::kColsPerMergeThread;
+  const int row = int(threadIdx.x) / L::kMergePhases, phase = int(threadIdx.x) % L::kMergePhases;
   if (row >= p.group) return;
   float row_max = -INFINITY;
 #pragma unroll
@@ -245,14 +249,14 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   const num::RowFinal fin = num::finalize_row(row_max, row_sum);  // no key at all: O = 0, LSE = -inf
   const int64_t head = int64_t(kv_head) * p.group + row, heads_q = int64_t(p.heads_kv) * p.group;
   const int64_t partial_row = (int64_t(split) * p.batch + b) * heads_q + head;
-  if (p.o_partial != nullptr && col0 == 0) p.lse_partial[partial_row] = fin.lse;
-  if (p.o_partial == nullptr && p.lse != nullptr && col0 == 0) p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = fin.lse;
+  if (p.o_partial != nullptr && phase == 0) p.lse_partial[partial_row] = fin.lse;
+  if (p.o_partial == nullptr && p.lse != nullptr && phase == 0) p.lse[b * p.lse_stride_b + head * p.lse_stride_h] = fin.lse;
   uint16_t* const out = static_cast<uint16_t*>(p.out) + b * p.out_stride_b + head * p.out_stride_h;
 #pragma unroll
-  for (int col = col0; col < col0 + L::kColsPerMergeThread; ++col) {
+  for (int col = phase; col < HeadDim; col += L::kMergePhases) {
     float acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) acc += merge_o[(w * kDecodeMaxRows + row) * HeadDim + col] * weight[w];
+    for (int w = 0; w < kDecodeWarps; ++w) acc += merge_o[(w * kDecodeMaxRows + row) * L::kMergeStride + col] * weight[w];
     if (p.o_partial != nullptr)
       p.o_partial[partial_row * HeadDim + col] = acc * fin.inv_l;
     else

@@ -442,6 +442,9 @@ void run_decode(const char* call, const detail::Problem& p, const FwdPlan& plan,
   d.num_splits = plan.splits;
   d.score = num::ScoreTransform::make(p.scale, p.softcap);
   d.rescale_threshold = p.rescale_threshold;
+  if (uint64_t(plan.splits) * uint64_t(p.heads_kv) * uint64_t(p.batch) > uint64_t(kMaxIndex))
+    unsupported(call, "q", "at most 2^31 - 1 decode CTAs (splits·heads_kv·batch)",
+                std::to_string(uint64_t(plan.splits) * uint64_t(p.heads_kv) * uint64_t(p.batch)));
   std::optional<StreamOrderedBuffer> owned;
   SplitPartials partials;
   if (plan.splits > 1) {
@@ -450,9 +453,6 @@ void run_decode(const char* call, const detail::Problem& p, const FwdPlan& plan,
   } else if (lse != nullptr) {
     d.lse = static_cast<float*>(lse->data), d.lse_stride_b = lse->stride[0], d.lse_stride_h = lse->stride[1];
   }
-  if (uint64_t(plan.splits) * uint64_t(p.heads_kv) * uint64_t(p.batch) > uint64_t(kMaxIndex))
-    unsupported(call, "q", "at most 2^31 - 1 decode CTAs (splits·heads_kv·batch)",
-                std::to_string(uint64_t(plan.splits) * uint64_t(p.heads_kv) * uint64_t(p.batch)));
   if (cache != nullptr) append_new_keys(call, k, v, *cache, cu_stream);
   throw_if_cuda_error(call, launch_decode(p.dtype, int(p.head_dim), d, cu_stream), "sm_90a decode launch failed");
   if (plan.splits > 1)
