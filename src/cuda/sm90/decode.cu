@@ -13,6 +13,7 @@
 #include <cuda_pipeline.h>
 
 #include "cuda/ptx/mma_sync.cuh"
+#include "cuda/sm90/quad.cuh"
 #include "cuda/sm90/tiles.cuh"
 
 namespace fa4::sm90 {
@@ -66,15 +67,6 @@ __device__ __forceinline__ uint16_t to_bits(float x) {
     const __half v = __float2half_rn(x);
     return *reinterpret_cast<const uint16_t*>(&v);
   }
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_add(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // Where key j of sequence b lives: the batch (or page) index and the row in it. One page-table read serves K and V.
@@ -224,7 +216,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   float* const merge_l = merge_m + kDecodeWarps * kDecodeMaxRows;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    l[h] = quad_add(l[h]);
+    l[h] = quad_sum(l[h]);
     if (lane % 4 == 0) merge_m[warp * kDecodeMaxRows + g + 8 * h] = m[h], merge_l[warp * kDecodeMaxRows + g + 8 * h] = l[h];
   }
 #pragma unroll

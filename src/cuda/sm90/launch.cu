@@ -359,6 +359,16 @@ void map_value_tails(const Tensor& v, int64_t head_dim, FwdParams& params) {
   map_tensor(v, head_dim, 1, &params.v_map1);
 }
 
+// A KV-cache call's metadata into a kernel's parameters (FwdParams and DecodeParams name the fields alike).
+template <class Params>
+void set_cache_fields(const KvCacheArgs& cache, Params& params) {
+  params.seqused_k = cache.cache_seqlens;
+  params.seqlen_k_added = int32_t(cache.seqlen_new);
+  params.page_table = cache.page_table;
+  params.page_table_stride = int32_t(cache.max_pages);
+  params.page_size = int32_t(cache.page_size);
+}
+
 // Split-KV's partials (FwdPlan::splits > 1): in the caller's workspace, or in stream-ordered memory (`owned`, freed
 // by the caller on every path).
 struct SplitPartials {
@@ -431,13 +441,7 @@ void run_decode(const char* call, const detail::Problem& p, const FwdPlan& plan,
   d.k = k.data, d.k_stride_b = k.stride[kBatch], d.k_stride_s = k.stride[kSeq], d.k_stride_h = k.stride[kHeads];
   d.v = v.data, d.v_stride_b = v.stride[kBatch], d.v_stride_s = v.stride[kSeq], d.v_stride_h = v.stride[kHeads];
   d.seqlen_k = int32_t(p.seqlen_k);
-  if (cache != nullptr) {
-    d.seqused_k = cache->cache_seqlens;
-    d.seqlen_k_added = int32_t(cache->seqlen_new);
-    d.page_table = cache->page_table;
-    d.page_table_stride = int32_t(cache->max_pages);
-    d.page_size = int32_t(cache->page_size);
-  }
+  if (cache != nullptr) set_cache_fields(*cache, d);
   d.batch = int32_t(p.batch), d.heads_kv = int32_t(p.heads_kv), d.group = int32_t(p.group());
   d.num_splits = plan.splits;
   d.score = num::ScoreTransform::make(p.scale, p.softcap);
@@ -518,13 +522,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     if (cache != nullptr) map_value_tails(v, p.head_dim, params);
     params.kv_box_rows = int32_t(box_rows);
   }
-  if (cache != nullptr) {
-    params.seqused_k = cache->cache_seqlens;
-    params.seqlen_k_added = int32_t(cache->seqlen_new);
-    params.page_table = cache->page_table;
-    params.page_table_stride = int32_t(cache->max_pages);
-    params.page_size = int32_t(cache->page_size);
-  }
+  if (cache != nullptr) set_cache_fields(*cache, params);
   // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores
   // (always for a KV-cache call: its instances store per thread). Split-KV writes fp32 partials instead (per
   // thread), and the combine kernel (or the forward's in-kernel merge) writes out and lse.

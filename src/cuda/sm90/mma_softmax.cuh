@@ -25,6 +25,7 @@
 #include "cuda/ptx/mbarrier.cuh"
 #include "cuda/ptx/named_barrier.cuh"
 #include "cuda/ptx/wgmma.cuh"
+#include "cuda/sm90/quad.cuh"
 #include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/shared_storage.cuh"
 #include "cuda/sm90/tiles.cuh"
@@ -90,16 +91,6 @@ class TensorCoreTurn {
   }
   int consumer_;
 };
-
-// Max over the 4 lanes of a quad (lanes 4q .. 4q+3 hold the columns of the same two rows).
-__device__ __forceinline__ float quad_max(float v) {
-  v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-  return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-__device__ __forceinline__ float quad_sum(float v) {
-  v += __shfl_xor_sync(0xffffffffu, v, 1);
-  return v + __shfl_xor_sync(0xffffffffu, v, 2);
-}
 
 // The correction decided by one tile's softmax, applied to O once O is no longer in a wgmma's hands.
 struct Rescale {
