@@ -301,7 +301,8 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //   FA4_FWD_VARLEN_COUNTER (default 1; perf-log F24): a variable-length batch's tiles handed out by the tile
 //     counter; 0 walks them in a fixed stride.
 //   FA4_FWD_DECODE_KERNEL (default 0; perf-log F27): 1 runs a call decode_kernel_applies to on the decode kernel
-//     (decode.cu) instead of the forward kernel's decode row.
+//     (decode.cu) instead of the forward kernel's decode row; its ranges are merged by the combine kernel, whatever
+//     FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's).
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
