@@ -11,13 +11,13 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/wgmma.cuh"  // WgmmaInput: the 16-bit input type, as for wgmma
+
 namespace fa4::ptx {
 
-enum class MmaInput { bf16, f16 };
-
-template <MmaInput In>
+template <WgmmaInput In>
 __device__ __forceinline__ void mma_m16n8k16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  if constexpr (In == MmaInput::bf16)
+  if constexpr (In == WgmmaInput::bf16)
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
         "{%0, %1, %2, %3};"

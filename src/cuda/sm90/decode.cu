@@ -8,13 +8,12 @@
 // writes its rows: O and LSE, or with splits the range's O / l and LSE for the combine kernel.
 #include "cuda/sm90/decode.hpp"
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_pipeline.h>
 
 #include "cuda/ptx/mma_sync.cuh"
 #include "cuda/sm90/quad.cuh"
 #include "cuda/sm90/tiles.cuh"
+#include "numerics/convert.hpp"
 
 namespace fa4::sm90 {
 namespace {
@@ -47,28 +46,6 @@ struct DecodeLayout {
   static_assert(kMergePhases == 8 && HeadDim % kMergePhases == 0, "the merge gives each thread every 8th column");
 };
 
-template <ptx::MmaInput In>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  if constexpr (In == ptx::MmaInput::bf16) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  } else {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-}
-
-template <ptx::MmaInput In>
-__device__ __forceinline__ uint16_t to_bits(float x) {
-  if constexpr (In == ptx::MmaInput::bf16) {
-    const __nv_bfloat16 v = __float2bfloat16_rn(x);
-    return *reinterpret_cast<const uint16_t*>(&v);
-  } else {
-    const __half v = __float2half_rn(x);
-    return *reinterpret_cast<const uint16_t*>(&v);
-  }
-}
-
 // Where key j of sequence b lives: the batch (or page) index and the row in it. One page-table read serves K and V.
 struct KeySlot {
   int64_t block;
@@ -83,7 +60,7 @@ __device__ __forceinline__ const uint16_t* key_row(const void* base, int64_t str
   return static_cast<const uint16_t*>(base) + at.block * stride_b + at.row * stride_s + kv_head * stride_h;
 }
 
-template <ptx::MmaInput In, int HeadDim>
+template <ptx::WgmmaInput In, int HeadDim>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   using L = DecodeLayout<HeadDim>;
   extern __shared__ __align__(128) uint8_t smem[];
@@ -191,8 +168,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
         l[e >> 1] += s[nt][e];
       }
     // P as the A fragment of the warp's 16 keys: S's C layout of key tiles 0 and 1 is A's column halves.
-    const uint32_t pf[4] = {pack_pair<In>(s[0][0], s[0][1]), pack_pair<In>(s[0][2], s[0][3]),
-                            pack_pair<In>(s[1][0], s[1][1]), pack_pair<In>(s[1][2], s[1][3])};
+    const uint32_t pf[4] = {ptx::pack_rn<In>(s[0][0], s[0][1]), ptx::pack_rn<In>(s[0][2], s[0][3]),
+                            ptx::pack_rn<In>(s[1][0], s[1][1]), ptx::pack_rn<In>(s[1][2], s[1][3])};
     // V's B fragments by ldmatrix.trans: matrices (keys 0-7 | 8-15) × (columns dn .. dn + 7 | dn + 8 .. dn + 15).
     const int mat = lane / 8;
     const uint32_t v_lane = static_cast<uint32_t>(__cvta_generic_to_shared(
@@ -252,14 +229,15 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     if (p.o_partial != nullptr)
       p.o_partial[partial_row * HeadDim + col] = acc * fin.inv_l;
     else
-      out[col] = to_bits<In>(acc * fin.inv_l);
+      out[col] = In == ptx::WgmmaInput::bf16 ? num::float_to_bf16_bits(acc * fin.inv_l)
+                                             : num::float_to_f16_bits(acc * fin.inv_l);
   }
 }
 
-template <ptx::MmaInput In, int HeadDim>
+template <DType Dtype, int HeadDim>
 cudaError_t launch_typed(const DecodeParams& p, cudaStream_t stream) {
   const uint32_t grid = uint32_t(p.num_splits) * uint32_t(p.heads_kv) * uint32_t(p.batch);
-  return launch_with_dynamic_smem(decode_kernel<In, HeadDim>, grid, kDecodeThreads,
+  return launch_with_dynamic_smem(decode_kernel<wgmma_input<Dtype>(), HeadDim>, grid, kDecodeThreads,
                                   uint32_t(DecodeLayout<HeadDim>::kSmemBytes), stream, p, 1, /*programmatic=*/true);
 }
 
@@ -273,8 +251,8 @@ cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cuda
   const bool bf16 = dtype == DType::bf16;
   if (!has_decode_kernel(dtype, head_dim)) return cudaErrorInvalidValue;
   if (head_dim == 64)
-    return bf16 ? launch_typed<ptx::MmaInput::bf16, 64>(p, stream) : launch_typed<ptx::MmaInput::f16, 64>(p, stream);
-  return bf16 ? launch_typed<ptx::MmaInput::bf16, 128>(p, stream) : launch_typed<ptx::MmaInput::f16, 128>(p, stream);
+    return bf16 ? launch_typed<DType::bf16, 64>(p, stream) : launch_typed<DType::f16, 64>(p, stream);
+  return bf16 ? launch_typed<DType::bf16, 128>(p, stream) : launch_typed<DType::f16, 128>(p, stream);
 }
 
 }  // namespace fa4::sm90
