@@ -5,7 +5,7 @@ cuDNN in one process on one GPU, as a fraction of a device copy's bandwidth meas
 Implementations: fa4 (num_splits 0: the library's fill rule, GQA packing), fa4-nosplit (num_splits 1: one CTA per
 (sequence, head) walks all keys; the pre-split kernel's behaviour), fa4-kvcache (flash_attn_with_kvcache on the
 same contiguous cache, cache_seqlens a device tensor of s_k), fa4-paged64 (flash_attn_with_kvcache on the same keys
-in 64-row pages handed out in a random order, page_table [b, s_k / 64]; its rows have page_size 64), sdpa-cudnn (torch SDPA's cuDNN backend on
+in 64-row pages handed out in a random order, page_table [b, s_k / 64]; its rows have page_size 64), fa4-paged64-inorder (the same with the pages in order), sdpa-cudnn (torch SDPA's cuDNN backend on
 [b, h, s, d] views with enable_gqa, else on K/V expanded to the query heads: a note says which).
 
 Shapes: bf16, d = 128, 32 query / 8 kv heads, seqlen_q = 1; (batch, seqlen_k) from --shapes.
@@ -19,7 +19,7 @@ Correctness: each implementation's output on the first set (its first two sequen
 math backend in fp32 on the upcast inputs (relative L2 error <= 2e-2, finite) before it is timed; a failure is reported and not timed.
 
 Rows ("pass": "decode"): impl, dtype, d, batch, heads, heads_kv, seqlen_q, seqlen_k, page_size (0: contiguous),
-us, gbps, bw_fraction. Writes --out/<date>-<commit>-decode.json and .md; prints the markdown.
+us, gbps, bw_fraction (with --kernels also "kernels": per-kernel durations and gaps in one replay). Writes --out/<date>-<commit>-decode.json and .md; prints the markdown.
 
   PYTHONPATH=python FA4_LIBRARY=build-sm90/libfa4.so python3 bench/decode_bench.py --commit <sha>
 """
@@ -28,7 +28,10 @@ import datetime
 import json
 import math
 import os
+import re
+import statistics
 import sys
+import tempfile
 
 import torch
 
@@ -37,7 +40,7 @@ import fa4  # noqa: E402
 
 DEFAULT_SHAPES = "1x1024,1x4096,1x8192,1x32768,1x131072,8x4096,8x16384,8x65536,64x4096,64x32768"
 HEADS, HEADS_KV, D = 32, 8, 128
-IMPLS = ("fa4", "fa4-nosplit", "fa4-kvcache", "fa4-paged64", "sdpa-cudnn")
+IMPLS = ("fa4", "fa4-nosplit", "fa4-kvcache", "fa4-paged64", "fa4-paged64-inorder", "sdpa-cudnn")
 PAGE = 64  # fa4-paged64's page size
 
 
@@ -93,7 +96,7 @@ def reference(q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(qf, kf, vf).transpose(1, 2)
 
 
-def time_graph(fn, sets, calls, reps):
+def time_graph(fn, sets, calls, reps, profile=False):
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -115,8 +118,43 @@ def time_graph(fn, sets, calls, reps):
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end) * 1e3 / calls)
+    kernels = graph_kernels(graph, calls) if profile else None
     del graph
-    return sorted(times)[len(times) // 2]
+    return sorted(times)[len(times) // 2], kernels
+
+
+def graph_kernels(graph, calls):
+    """One replay under torch.profiler (CUPTI): per kernel name its median duration, and the median gap from a
+    kernel's end to the next one's start (by the pair of names), and a call's span, in µs: where one call's time
+    goes. A programmatic dependent launch starts before its predecessor ends (a negative gap), and its duration
+    then includes its wait for that predecessor."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"]
+    events.sort(key=lambda e: e["ts"])
+    def short(e):  # "void ns::(anonymous namespace)::name<...>(...)" -> "name"
+        name = re.sub(r"^void ", "", e["name"].replace("(anonymous namespace)::", ""))
+        return re.split(r"[<(]", name)[0].split("::")[-1][:48]
+    durs, gaps = {}, {}
+    for i, e in enumerate(events):
+        durs.setdefault(short(e), []).append(e["dur"])
+        if i:
+            prev = events[i - 1]
+            gaps.setdefault(f"{short(prev)} -> {short(e)}", []).append(e["ts"] - prev["ts"] - prev["dur"])
+    med = lambda xs: round(statistics.median(xs), 2)  # noqa: E731
+    out = {"kernels": {k: {"us": med(v), "count": len(v)} for k, v in durs.items()},
+           "gaps": {k: {"us": med(v), "count": len(v)} for k, v in gaps.items()}}
+    if events and len(events) % calls == 0:  # a call's span: its first kernel's start to its last one's end
+        per = len(events) // calls
+        out["call_span_us"] = med([max(e["ts"] + e["dur"] for e in events[i:i + per]) - events[i]["ts"]
+                                   for i in range(0, len(events), per)])
+    return out
 
 
 def main():
@@ -128,6 +166,9 @@ def main():
                     help=f"comma-separated subset of {','.join(IMPLS)}, and fa4-sN: fa4 with N forced splits")
     ap.add_argument("--calls", type=int, default=20, help="calls per graph (default 20)")
     ap.add_argument("--reps", type=int, default=7, help="graph replays; the median is reported (default 7)")
+    ap.add_argument("--kernels", action="store_true",
+                    help="after timing, one replay under torch.profiler: each kernel's median duration and the gaps "
+                         "between kernels (row key \"kernels\"), printed")
     ap.add_argument("--commit", default="unknown")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
     a = ap.parse_args()
@@ -153,6 +194,7 @@ def main():
     paged, lens = {}, {}  # per K/V set: its paged copy (k_pages, v_pages, page_table); per batch: cache_seqlens
     fns["fa4-kvcache"] = lambda q, k, v: fa4.flash_attn_with_kvcache(q, k, v, cache_seqlens=lens[k.shape[:2]])
     fns["fa4-paged64"] = lambda q, k, v: fa4.flash_attn_with_kvcache(q, *paged[id(k)])
+    fns["fa4-paged64-inorder"] = lambda q, k, v: fa4.flash_attn_with_kvcache(q, *paged[("inorder", id(k))])
     sdpa_note = {}
     fns["sdpa-cudnn"] = lambda q, k, v: sdpa_cudnn(q, k, v, sdpa_note)
     rows, notes = [], []
@@ -164,14 +206,18 @@ def main():
                       for shape in ((batch, 1, HEADS, D), (batch, seqlen_k, HEADS_KV, D), (batch, seqlen_k, HEADS_KV, D)))
                 for _ in range(nsets)]
         lens[(batch, seqlen_k)] = torch.full((batch,), seqlen_k, dtype=torch.int32, device="cuda")
-        if "fa4-paged64" in impls and seqlen_k % PAGE == 0:
+        for inorder in (False, True):
+            if ("fa4-paged64-inorder" if inorder else "fa4-paged64") not in impls or seqlen_k % PAGE != 0:
+                continue
             for _, k, v in sets:
                 pages = batch * seqlen_k // PAGE
-                order = torch.randperm(pages, device="cuda", generator=gen).to(torch.int32)
+                order = (torch.arange(pages, device="cuda") if inorder
+                         else torch.randperm(pages, device="cuda", generator=gen)).to(torch.int32)
                 k_pages, v_pages = torch.empty_like(k).view(pages, PAGE, HEADS_KV, D), torch.empty_like(v).view(pages, PAGE, HEADS_KV, D)
                 k_pages[order.long()] = k.view(pages, PAGE, HEADS_KV, D)
                 v_pages[order.long()] = v.view(pages, PAGE, HEADS_KV, D)
-                paged[id(k)] = (k_pages, v_pages, None, None, None, order.view(batch, seqlen_k // PAGE))
+                paged[("inorder", id(k)) if inorder else id(k)] = (k_pages, v_pages, None, None, None,
+                                                                   order.view(batch, seqlen_k // PAGE))
         checked = min(batch, 2)  # the fp32 reference of the first two sequences (b = 64 in fp32 would not fit)
         want = reference(*(t[:checked] for t in sets[0]))
         for impl in impls:
@@ -182,17 +228,23 @@ def main():
                 if not math.isfinite(err) or not torch.isfinite(got).all() or err > 2e-2:
                     notes.append(f"{label}: FAILED the check (relative L2 error {err:.3g}); not timed")
                     continue
-                us = time_graph(fns[impl], sets, a.calls, a.reps)
+                us, kernels = time_graph(fns[impl], sets, a.calls, a.reps, a.kernels)
             except Exception as e:  # a peer that cannot run this shape: a note, no row
                 notes.append(f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:200]}")
                 continue
             gbps = kv_bytes / (us * 1e-6) / 1e9
             rows.append({"impl": impl, "pass": "decode", "dtype": "bf16", "d": D, "batch": batch, "heads": HEADS,
                          "heads_kv": HEADS_KV, "seqlen_q": 1, "seqlen_k": seqlen_k,
-                         "page_size": PAGE if impl == "fa4-paged64" else 0,
+                         "page_size": PAGE if impl.startswith("fa4-paged64") else 0,
                          "us": round(us, 2), "gbps": round(gbps, 1), "bw_fraction": round(gbps / copy, 3),
                          "rel_err": float(f"{err:.3g}")})
             print(f"{label}: {us:.1f} us, {gbps:.0f} GB/s, {gbps / copy:.0%} of copy", flush=True)
+            if kernels is not None:
+                rows[-1]["kernels"] = kernels
+                print(f"  call span: {kernels.get('call_span_us', '?')} us", flush=True)
+                for kind in ("kernels", "gaps"):
+                    print(f"  {kind}: " + "; ".join(f"{k} {v['us']} us (x{v['count']})"
+                                                    for k, v in kernels[kind].items()), flush=True)
         del sets, want
         paged.clear()
         torch.cuda.empty_cache()

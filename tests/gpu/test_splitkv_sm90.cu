@@ -335,6 +335,7 @@ void kernels_in_forward(const SplitCase& c, size_t* kernels) {
 void check_cluster_merge(SplitCase c, int launches) {
   c.caller_workspace = true;
   SCOPED_TRACE(c.name());
+  const EnvOverride forward_kernel("FA4_FWD_DECODE_KERNEL", "0");  // the cluster merge is the forward kernel's
   SplitRun base;
   {
     const EnvOverride off("FA4_FWD_CLUSTER_COMBINE", "0");
@@ -388,6 +389,7 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
     const SplitCase c = decode_case(splits, ++seed);
     check_cluster_merge(c, splits == 0 ? -1 : splits == 64 ? 2 : 1);
     if (splits == 0) {
+      const EnvOverride forward_kernel("FA4_FWD_DECODE_KERNEL", "0");
       const EnvOverride on("FA4_FWD_CLUSTER_COMBINE", "1");
       size_t kernels = 0;
       kernels_in_forward(c, &kernels);

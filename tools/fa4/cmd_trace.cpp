@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -145,6 +146,13 @@ void run_trace(const TraceArgs& a) {
     throw Error(Status::unsupported,
                 "fa4 trace: this build does not record traces; configure a separate build with -DFA4_TRACE=ON, e.g. "
                 "cmake -S . -B build-trace -DFA4_TRACE=ON && cmake --build build-trace --target fa4_cli");
+  // The decode kernel (one query: FA4_FWD_DECODE_KERNEL's default) has no trace points: the forward kernel's decode
+  // row is what a trace of one query shows, unless the caller asks for the decode kernel (then nothing is recorded).
+  if (std::getenv("FA4_FWD_DECODE_KERNEL") == nullptr && pa.sq() == 1) {
+    setenv("FA4_FWD_DECODE_KERNEL", "0", 0);
+    fmt::print(stderr, "fa4 trace: one query: tracing the forward kernel (FA4_FWD_DECODE_KERNEL=0; the decode kernel "
+                       "has no trace points)\n");
+  }
   if (!a.kvcache.empty()) return run_kvcache_trace(a);
   const bool bwd = a.pass == "bwd";
   const DType dtype = parse_dtype(pa.dtype);

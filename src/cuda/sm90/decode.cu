@@ -21,8 +21,11 @@ namespace {
 constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kKeysPerWarp = 16;  // one k-step of P·V
-constexpr int kChunkKeys = kKeysPerWarp * kDecodeWarps;
-constexpr int kDecodeStages = 4;
+constexpr int kChunkKeys = kDecodeChunkKeys;
+static_assert(kChunkKeys == kKeysPerWarp * kDecodeWarps, "a chunk is every warp's k-step");
+// Two chunks in flight per CTA: 69 KiB of shared memory, so three CTAs fit an SM (four stages, 139 KiB, left one
+// warp per scheduler, and the kernel is issue-bound: 4.4 cycles per instruction; perf-log F27).
+constexpr int kDecodeStages = 2;
 
 template <int HeadDim>
 struct DecodeLayout {
@@ -42,23 +45,9 @@ struct DecodeLayout {
   static_assert(HeadDim % 16 == 0, "whole k-steps of 16");
   static_assert(kChunkKeys * kSegments % kDecodeThreads == 0, "every thread issues the same number of copies");
   static_assert(kMergeBytes <= kSmemBytes, "the merge scratch fits in the stages");
-  static_assert(kSmemBytes <= 227 * 1024, "sm_90's shared memory per CTA");
+  static_assert(3 * (kSmemBytes + 1024) <= 228 * 1024, "three CTAs per SM (each with the driver's 1 KiB)");
   static_assert(kMergePhases == 8 && HeadDim % kMergePhases == 0, "the merge gives each thread every 8th column");
 };
-
-// Where key j of sequence b lives: the batch (or page) index and the row in it. One page-table read serves K and V.
-struct KeySlot {
-  int64_t block;
-  int32_t row;
-};
-__device__ __forceinline__ KeySlot key_slot(const DecodeParams& p, int b, int32_t j) {
-  if (p.page_table == nullptr) return {b, j};
-  return {p.page_table[int64_t(b) * p.page_table_stride + j / p.page_size], j % p.page_size};
-}
-__device__ __forceinline__ const uint16_t* key_row(const void* base, int64_t stride_b, int64_t stride_s,
-                                                   int64_t stride_h, int kv_head, KeySlot at) {
-  return static_cast<const uint16_t*>(base) + at.block * stride_b + at.row * stride_s + kv_head * stride_h;
-}
 
 template <ptx::WgmmaInput In, int HeadDim>
 __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
@@ -79,30 +68,71 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   const int32_t c_begin = int32_t(int64_t(chunks) * split / p.num_splits);
   const int32_t c_end = int32_t(int64_t(chunks) * (split + 1) / p.num_splits);
 
+  // This thread's copies of a chunk: rows r0 + i · kRowStep (i < kCopiesPerThread), 16-byte segment `seg` of each
+  // (a half-warp per 256-byte row at d = 128: coalesced). Their rows' addresses are stepped, not divided: a chunk
+  // costs one division by the page size per thread (one per copy made the paged kernel issue 45% more
+  // instructions than the contiguous one, and this kernel is issue-bound: perf-log F27). A page holds at least 16
+  // rows (the API's rule), so a step of ≤ 16 rows crosses at most one page boundary.
+  constexpr int kRowStep = kDecodeThreads / L::kSegments;
+  static_assert(kRowStep <= 16 && kRowStep * L::kCopiesPerThread == kChunkKeys, "one page step per copy at most");
+  const int r0 = int(threadIdx.x) / L::kSegments, seg = int(threadIdx.x) % L::kSegments;
+  // K and V share their strides (decode_kernel_applies): one offset per copy serves both.
+  const int64_t head_offset = int64_t(kv_head) * p.kv_stride_h + seg * 8, batch_offset = int64_t(b) * p.kv_stride_b;
+  const int32_t* const pages_of_b = p.page_table != nullptr ? p.page_table + int64_t(b) * p.page_table_stride : nullptr;
+  const int32_t page_size = p.page_table != nullptr ? p.page_size : 1;
+  // Rows past the keys copy nothing (zero fill) from a valid address: the last key's.
+  const int32_t last = max(n_keys - 1, 0), last_page = last / page_size, last_row = last % page_size;
+  // The pages of a chunk's copies, read one issue ahead of the copies (a read at the issue put an L2 round trip
+  // on every chunk's critical path); first_row: where the thread's first row sits in its page.
+  struct ChunkPages {
+    int32_t page[L::kCopiesPerThread];
+    int32_t first_row;
+  };
+  auto read_pages = [&](int32_t chunk, ChunkPages& cp) {
+    if (p.page_table == nullptr || chunk >= c_end) return;
+    const int32_t j = chunk * kChunkKeys + r0;
+    int32_t page = j / page_size, row = j - page * page_size;
+    cp.first_row = row;
+#pragma unroll
+    for (int i = 0; i < L::kCopiesPerThread; ++i) {
+      cp.page[i] = pages_of_b[j + i * kRowStep < n_keys ? page : last_page];
+      row += kRowStep;
+      if (row >= page_size) row -= page_size, ++page;
+    }
+  };
   // Chunk `chunk` of K and V into stage `stage` (one commit group, empty past the range).
-  auto issue = [&](int32_t chunk, int stage) {
+  auto issue = [&](int32_t chunk, int stage, const ChunkPages& cp) {
     if (chunk < c_end) {
-      uint8_t* const k_tile = smem + stage * L::kStageBytes;
+      uint8_t* const k_tile = smem + stage * L::kStageBytes + r0 * L::kRowBytes + seg * 16;
       uint8_t* const v_tile = k_tile + L::kTileBytes;
+      const int32_t j = chunk * kChunkKeys + r0;
+      int32_t row = cp.first_row;  // with pages
 #pragma unroll
       for (int i = 0; i < L::kCopiesPerThread; ++i) {
-        const int index = int(threadIdx.x) + i * kDecodeThreads;
-        const int row = index / L::kSegments, seg = index % L::kSegments;
-        const int32_t j = chunk * kChunkKeys + row;
-        const bool inside = j < n_keys;
-        // Outside the keys: the sequence's first row, a valid address from which nothing is read (zero fill).
-        const KeySlot at = key_slot(p, b, inside ? j : 0);
-        const size_t zeros = inside ? 0 : 16;
-        __pipeline_memcpy_async(k_tile + row * L::kRowBytes + seg * 16,
-                                key_row(p.k, p.k_stride_b, p.k_stride_s, p.k_stride_h, kv_head, at) + seg * 8, 16, zeros);
-        __pipeline_memcpy_async(v_tile + row * L::kRowBytes + seg * 16,
-                                key_row(p.v, p.v_stride_b, p.v_stride_s, p.v_stride_h, kv_head, at) + seg * 8, 16, zeros);
+        const bool inside = j + i * kRowStep < n_keys;
+        const int64_t offset =
+            head_offset + (p.page_table != nullptr
+                               ? int64_t(cp.page[i]) * p.kv_stride_b + int64_t(inside ? row : last_row) * p.kv_stride_s
+                               : batch_offset + int64_t(inside ? j + i * kRowStep : last) * p.kv_stride_s);
+        __pipeline_memcpy_async(k_tile + i * kRowStep * L::kRowBytes, static_cast<const uint16_t*>(p.k) + offset, 16,
+                                inside ? 0 : 16);
+        __pipeline_memcpy_async(v_tile + i * kRowStep * L::kRowBytes, static_cast<const uint16_t*>(p.v) + offset, 16,
+                                inside ? 0 : 16);
+        row += kRowStep;
+        if (row >= page_size) row -= page_size;
       }
     }
     __pipeline_commit();
   };
+  {
+    ChunkPages first[kDecodeStages - 1] = {};  // the prologue's pages: one round trip for all of them
 #pragma unroll
-  for (int s = 0; s < kDecodeStages - 1; ++s) issue(c_begin + s, s);
+    for (int s = 0; s < kDecodeStages - 1; ++s) read_pages(c_begin + s, first[s]);
+#pragma unroll
+    for (int s = 0; s < kDecodeStages - 1; ++s) issue(c_begin + s, s, first[s]);
+  }
+  ChunkPages pages = {};  // of chunk c_begin + kDecodeStages - 1, the loop's first issue
+  read_pages(c_begin + kDecodeStages - 1, pages);
 
   // Q's rows as A fragments, loaded once: row r is query head kv_head · group + r (zeros past the group).
   uint32_t qf[HeadDim / 16][4];
@@ -124,7 +154,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
 
   for (int32_t chunk = c_begin; chunk < c_end; ++chunk) {
     const int i = chunk - c_begin;
-    issue(chunk + kDecodeStages - 1, (i + kDecodeStages - 1) % kDecodeStages);  // the stage the last chunk read
+    issue(chunk + kDecodeStages - 1, (i + kDecodeStages - 1) % kDecodeStages, pages);  // the stage the last chunk read
+    read_pages(chunk + kDecodeStages, pages);  // used by the next turn's issue, after this chunk's work
     __pipeline_wait_prior(kDecodeStages - 1);  // this thread's copies of `chunk` have landed
     __syncthreads();                           // and everyone's
     const uint8_t* const k_rows = smem + (i % kDecodeStages) * L::kStageBytes + warp * kKeysPerWarp * L::kRowBytes;

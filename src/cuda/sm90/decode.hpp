@@ -1,8 +1,8 @@
 // Host view of the decode kernel (decode.cu): one query per sequence against a dense K/V or a KV cache, each CTA one
 // (key range, kv head, sequence) with the kv head's `group` query heads as the rows of one 16-row tile, on
-// mma.sync: FlashDecoding's shape. An A/B candidate (perf-log F27; FA4_FWD_DECODE_KERNEL=1), off by default: the
-// forward kernel's decode row spends its 64-row wgmma tile on 4-8 real rows and its warp specialisation on one or
-// two key tiles per CTA.
+// mma.sync: FlashDecoding's shape. The default for the calls it takes (perf-log F27; FA4_FWD_DECODE_KERNEL=0 runs
+// them on the forward kernel, whose decode row spends its 64-row wgmma tile on 4-8 real rows and its warp
+// specialisation on one or two key tiles per CTA).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -15,6 +15,7 @@
 namespace fa4::sm90 {
 
 inline constexpr int kDecodeMaxRows = 16;  // group (query heads per kv head) at most this: one m16 tile
+inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per warp): a key range's unit
 
 struct DecodeParams {
   // q, out [batch, 1, heads_q, head_dim]: element strides of batch and head (head_dim contiguous, pairs aligned).
@@ -24,13 +25,12 @@ struct DecodeParams {
   int64_t out_stride_b = 0, out_stride_h = 0;
   float* lse = nullptr;  // [batch, heads_q, 1] natural log, or null
   int64_t lse_stride_b = 0, lse_stride_h = 0;
-  // k, v [batch (or pages), rows, heads_kv, head_dim]: element strides (rows 16-byte aligned). Key j of sequence b
-  // is row j of batch b, or with page_table row j % page_size of page page_table[b · page_table_stride + j /
-  // page_size].
+  // k, v [batch (or pages), rows, heads_kv, head_dim]: one set of element strides for both (rows 16-byte aligned).
+  // Key j of sequence b is row j of batch b, or with page_table row j % page_size of page page_table[b ·
+  // page_table_stride + j / page_size].
   const void* k = nullptr;
   const void* v = nullptr;
-  int64_t k_stride_b = 0, k_stride_s = 0, k_stride_h = 0;
-  int64_t v_stride_b = 0, v_stride_s = 0, v_stride_h = 0;
+  int64_t kv_stride_b = 0, kv_stride_s = 0, kv_stride_h = 0;
   const int32_t* page_table = nullptr;
   int32_t page_table_stride = 0, page_size = 0;
   // Keys of sequence b: seqused_k[b] + seqlen_k_added (a KV-cache call), or seqlen_k (seqused_k null).

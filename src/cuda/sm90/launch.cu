@@ -208,11 +208,15 @@ struct FwdPlan {
   bool pack_gqa = false;
   int64_t heads = 0, seqlen_q = 0, group = 1;  // the tiles' view: heads of the walk, rows per head, q heads per k head
   int64_t num_m_blocks = 0, num_tiles = 0;     // tiles before the split
-  int32_t splits = 1;
+  int64_t key_tiles = 0;                       // the forward kernel's key tiles per sequence
+  int32_t splits = 1;  // the decode kernel's (the workspace is sized on it); the forward kernel's: forward_splits
+  int32_t forward_splits() const { return int32_t(std::min<int64_t>(splits, key_tiles)); }
 };
 
-// Split count: the caller's (fewer when there are fewer key tiles), or with 0 the fill rule: when the tiles
-// cannot fill the SMs, as many ranges as fill them (at most kMaxSplits, and at least two key tiles per range).
+// Split count: the caller's (fewer when there are fewer key ranges), or with 0 the fill rule: when the tiles
+// cannot fill the SMs, as many ranges as fill them (at most kMaxSplits). A range is at least two key tiles, or with
+// one query (decode) one 64-key chunk of the decode kernel (F27: at 1k keys, 16 ranges of one chunk run in 8.9 µs
+// where 4 of two tiles took 10.7). The forward kernel takes at most one range per key tile (forward_splits).
 constexpr int64_t kMaxSplits = 64;
 
 FwdPlan plan_forward(const detail::Problem& p) {
@@ -229,10 +233,14 @@ FwdPlan plan_forward(const detail::Problem& p) {
     plan.num_m_blocks = (plan.seqlen_q + tile.block_m - 1) / tile.block_m;
     plan.num_tiles = plan.num_m_blocks * plan.heads * p.batch;
     const int64_t key_tiles = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
+    plan.key_tiles = std::max<int64_t>(key_tiles, 1);
+    const int64_t ranges = p.seqlen_q == 1 ? (p.seqlen_k + kDecodeChunkKeys - 1) / kDecodeChunkKeys : key_tiles;
     int64_t splits = p.num_splits;
     if (splits == 0)
-      splits = plan.num_tiles >= sms ? 1 : std::min({sms / std::max<int64_t>(plan.num_tiles, 1), key_tiles / 2, kMaxSplits});
-    plan.splits = int32_t(std::clamp<int64_t>(std::min(splits, key_tiles), 1, kMaxIndex));
+      splits = plan.num_tiles >= sms ? 1
+                                     : std::min({sms / std::max<int64_t>(plan.num_tiles, 1),
+                                                 p.seqlen_q == 1 ? ranges : key_tiles / 2, kMaxSplits});
+    plan.splits = int32_t(std::clamp<int64_t>(std::min(splits, ranges), 1, kMaxIndex));
   };
   const bool packable = p.seqlen_q == 1 && p.group() > 1 && p.mask.left < 0 && p.q_heads_strided;
   view(packable);
@@ -300,18 +308,18 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
 //   FA4_FWD_VARLEN_COUNTER (default 1; perf-log F24): a variable-length batch's tiles handed out by the tile
 //     counter; 0 walks them in a fixed stride.
-//   FA4_FWD_DECODE_KERNEL (default 0; perf-log F27): 1 runs a call decode_kernel_applies to on the decode kernel
+//   FA4_FWD_DECODE_KERNEL (default 1; perf-log F27): 1 runs a call decode_kernel_applies to on the decode kernel
 //     (decode.cu) instead of the forward kernel's decode row; its ranges are merged by the combine kernel, whatever
 //     FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's).
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
-  bool decode_kernel = false;
+  bool decode_kernel = true;
 };
 FwdSwitches read_fwd_switches(const char* call) {
   return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
-          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), env_switch(call, "FA4_FWD_DECODE_KERNEL", false)};
+          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), env_switch(call, "FA4_FWD_DECODE_KERNEL", true)};
 }
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
@@ -417,7 +425,7 @@ SplitCombineParams combine_params(const detail::Problem& p, const FwdPlan& plan,
 
 // The decode kernel's calls (decode.hpp): one query per sequence, a group that fits its 16 rows, no left window
 // (with one query, causal and a right window hide no key), no sink and no exp2 emulation (it has neither), and
-// rows it can address: 16-byte K/V rows, 4-byte query pairs.
+// rows it can address: 16-byte K/V rows with one set of strides for both, 4-byte query pairs.
 bool decode_kernel_applies(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
   auto rows_16b = [](const Tensor& t) {
     return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[kBatch] % 8 == 0 && t.stride[kSeq] % 8 == 0 &&
@@ -425,7 +433,8 @@ bool decode_kernel_applies(const detail::Problem& p, const Tensor& q, const Tens
   };
   return has_decode_kernel(p.dtype, p.head_dim) && p.seqlen_q == 1 && p.group() <= kDecodeMaxRows &&
          p.mask.left < 0 && p.sinks == nullptr && p.exp2_emulated_per16 == 0 && p.seqlen_k > 0 && rows_16b(k) &&
-         rows_16b(v) && reinterpret_cast<uintptr_t>(q.data) % 4 == 0 && q.stride[kBatch] % 2 == 0 &&
+         rows_16b(v) && k.stride[kBatch] == v.stride[kBatch] && k.stride[kSeq] == v.stride[kSeq] &&
+         k.stride[kHeads] == v.stride[kHeads] && reinterpret_cast<uintptr_t>(q.data) % 4 == 0 && q.stride[kBatch] % 2 == 0 &&
          q.stride[kHeads] % 2 == 0;
 }
 
@@ -439,8 +448,8 @@ void run_decode(const char* call, const detail::Problem& p, const FwdPlan& plan,
   DecodeParams d;
   d.q = q.data, d.q_stride_b = q.stride[kBatch], d.q_stride_h = q.stride[kHeads];
   d.out = out.data, d.out_stride_b = out.stride[kBatch], d.out_stride_h = out.stride[kHeads];
-  d.k = k.data, d.k_stride_b = k.stride[kBatch], d.k_stride_s = k.stride[kSeq], d.k_stride_h = k.stride[kHeads];
-  d.v = v.data, d.v_stride_b = v.stride[kBatch], d.v_stride_s = v.stride[kSeq], d.v_stride_h = v.stride[kHeads];
+  d.k = k.data, d.v = v.data;  // one set of strides (decode_kernel_applies)
+  d.kv_stride_b = k.stride[kBatch], d.kv_stride_s = k.stride[kSeq], d.kv_stride_h = k.stride[kHeads];
   d.seqlen_k = int32_t(p.seqlen_k);
   if (cache != nullptr) set_cache_fields(*cache, d);
   d.batch = int32_t(p.batch), d.heads_kv = int32_t(p.heads_kv), d.group = int32_t(p.group());
@@ -480,13 +489,14 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   }
   const FwdSwitches switches = read_fwd_switches(call);  // before anything is allocated (a bad value is refused)
 
-  const FwdPlan plan = plan_forward(p);
+  FwdPlan plan = plan_forward(p);
   const int row = plan.row;
   if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
     throw Error(Status::invalid_argument, std::string(call) + ": tile-table row " + std::to_string(row) +
                                               " is not a row of head dim " + std::to_string(p.head_dim));
   if (switches.decode_kernel && decode_kernel_applies(p, q_in, k, v))
     return run_decode(call, p, plan, q_in, k, v, out_in, lse_in, cache, workspace, stream);
+  plan.splits = plan.forward_splits();  // its ranges are key tiles (the workspace, sized on the decode kernel's, fits)
   const FwdTile& tile = kFwdTiles[row];
   const uint32_t block_m = uint32_t(tile.block_m);
   const int64_t num_tiles = plan.num_tiles * plan.splits;
