@@ -23,8 +23,9 @@ constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kKeysPerWarp = 16;  // one k-step of P·V
 constexpr int kChunkKeys = kDecodeChunkKeys;
 static_assert(kChunkKeys == kKeysPerWarp * kDecodeWarps, "a chunk is every warp's k-step");
-// Two chunks in flight per CTA: 69 KiB of shared memory, so three CTAs fit an SM (four stages, 139 KiB, left one
-// warp per scheduler, and the kernel is issue-bound: 4.4 cycles per instruction; perf-log F27).
+// Two chunks in flight per CTA: 69 KiB of shared memory, so kDecodeCtasPerSm (three) CTAs fit an SM, their registers
+// too (3 × 4 warps × 168 × 32 ≤ 64K). Four stages (139 KiB) left one warp per scheduler, and the kernel is
+// issue-bound (4.4 cycles per instruction; perf-log F27).
 constexpr int kDecodeStages = 2;
 
 template <int HeadDim>
@@ -45,7 +46,8 @@ struct DecodeLayout {
   static_assert(HeadDim % 16 == 0, "whole k-steps of 16");
   static_assert(kChunkKeys * kSegments % kDecodeThreads == 0, "every thread issues the same number of copies");
   static_assert(kMergeBytes <= kSmemBytes, "the merge scratch fits in the stages");
-  static_assert(3 * (kSmemBytes + 1024) <= 228 * 1024, "three CTAs per SM (each with the driver's 1 KiB)");
+  static_assert(kDecodeCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kDecodeCtasPerSm CTAs per SM (each with the "
+                                                                      "driver's 1 KiB)");
   static_assert(kMergePhases == 8 && HeadDim % kMergePhases == 0, "the merge gives each thread every 8th column");
 };
 

@@ -16,6 +16,7 @@ namespace fa4::sm90 {
 
 inline constexpr int kDecodeMaxRows = 16;  // group (query heads per kv head) at most this: one m16 tile
 inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per warp): a key range's unit
+inline constexpr int kDecodeCtasPerSm = 3;   // CTAs an SM holds (their shared memory; decode.cu asserts it)
 
 struct DecodeParams {
   // q, out [batch, 1, heads_q, head_dim]: element strides of batch and head (head_dim contiguous, pairs aligned).

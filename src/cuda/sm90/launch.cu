@@ -208,16 +208,39 @@ struct FwdPlan {
   bool pack_gqa = false;
   int64_t heads = 0, seqlen_q = 0, group = 1;  // the tiles' view: heads of the walk, rows per head, q heads per k head
   int64_t num_m_blocks = 0, num_tiles = 0;     // tiles before the split
-  int64_t key_tiles = 0;                       // the forward kernel's key tiles per sequence
-  int32_t splits = 1;  // the decode kernel's (the workspace is sized on it); the forward kernel's: forward_splits
-  int32_t forward_splits() const { return int32_t(std::min<int64_t>(splits, key_tiles)); }
+  int32_t splits = 1;         // the forward kernel's key ranges
+  int32_t decode_splits = 0;  // the decode kernel's where the problem is one it takes (decode_kernel_takes), else 0
 };
 
-// Split count: the caller's (fewer when there are fewer key ranges), or with 0 the fill rule: when the tiles
-// cannot fill the SMs, as many ranges as fill them (at most kMaxSplits). A range is at least two key tiles, or with
-// one query (decode) one 64-key chunk of the decode kernel (F27: at 1k keys, 16 ranges of one chunk run in 8.9 µs
-// where 4 of two tiles took 10.7). The forward kernel takes at most one range per key tile (forward_splits).
+// Split count: the caller's (fewer when there are fewer key tiles), or with 0 the fill rule: when the tiles
+// cannot fill the SMs, as many ranges as fill them (at most kMaxSplits), a range at least two key tiles (one with
+// one query: at 1k keys 8 ranges of one tile took 10.8 µs where 4 of two took 11.6; perf-log F27).
 constexpr int64_t kMaxSplits = 64;
+
+// The decode kernel's problems, as far as the problem tells (decode_kernel_applies adds the tensors' addresses).
+bool decode_kernel_takes(const detail::Problem& p) {
+  return has_decode_kernel(p.dtype, p.head_dim) && p.seqlen_q == 1 && p.group() <= kDecodeMaxRows &&
+         p.mask.left < 0 && p.sinks == nullptr && p.exp2_emulated_per16 == 0 && p.seqlen_k > 0;
+}
+
+// The decode kernel's key ranges (CTAs: ranges · heads_kv · batch, kDecodeCtasPerSm fit an SM; a range at least
+// one 64-key chunk). The caller's count, or with 0: when the (kv head, sequence) pairs fill at most half the SMs,
+// as many ranges as give each SM one CTA (latency-bound: b = 1 4k, 16 ranges 12.9 µs, 32 ranges 16.8); else the
+// fewest ranges that give every SM two CTAs at least and no second wave that leaves SMs idle (between one and one
+// and a half waves). H100, forced splits (F27): b = 16 8k 1 range 79% of copy, 3 ranges 98%; b = 32 16k 1 or 2
+// (1.3 waves) 89%, 3 101%; b = 64 32k 1 (1.3 waves) 90%, 2-4 101-103%; b = 8 4k 2 ranges best (4: -3%).
+int32_t decode_splits(const detail::Problem& p, int64_t sms) {
+  const int64_t chunks = (p.seqlen_k + kDecodeChunkKeys - 1) / kDecodeChunkKeys;
+  const int64_t pairs = std::max<int64_t>(p.batch * p.heads_kv, 1), slots = kDecodeCtasPerSm * sms;
+  int64_t splits = p.num_splits;
+  if (splits == 0 && 2 * pairs <= sms) splits = std::min(sms / pairs, kMaxSplits);
+  if (splits == 0) {
+    splits = 1;
+    auto fits = [&](int64_t ctas) { return ctas >= 2 * sms && !(ctas > slots && 2 * ctas < 3 * slots); };
+    while (splits < kMaxSplits && !fits(pairs * splits)) ++splits;
+  }
+  return int32_t(std::clamp<int64_t>(std::min(splits, chunks), 1, kMaxIndex));
+}
 
 FwdPlan plan_forward(const detail::Problem& p) {
   FwdPlan plan;
@@ -233,18 +256,17 @@ FwdPlan plan_forward(const detail::Problem& p) {
     plan.num_m_blocks = (plan.seqlen_q + tile.block_m - 1) / tile.block_m;
     plan.num_tiles = plan.num_m_blocks * plan.heads * p.batch;
     const int64_t key_tiles = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
-    plan.key_tiles = std::max<int64_t>(key_tiles, 1);
-    const int64_t ranges = p.seqlen_q == 1 ? (p.seqlen_k + kDecodeChunkKeys - 1) / kDecodeChunkKeys : key_tiles;
     int64_t splits = p.num_splits;
     if (splits == 0)
       splits = plan.num_tiles >= sms ? 1
                                      : std::min({sms / std::max<int64_t>(plan.num_tiles, 1),
-                                                 p.seqlen_q == 1 ? ranges : key_tiles / 2, kMaxSplits});
-    plan.splits = int32_t(std::clamp<int64_t>(std::min(splits, ranges), 1, kMaxIndex));
+                                                 p.seqlen_q == 1 ? key_tiles : key_tiles / 2, kMaxSplits});
+    plan.splits = int32_t(std::clamp<int64_t>(std::min(splits, key_tiles), 1, kMaxIndex));
   };
   const bool packable = p.seqlen_q == 1 && p.group() > 1 && p.mask.left < 0 && p.q_heads_strided;
   view(packable);
   if (plan.pack_gqa && p.sinks != nullptr && plan.splits == 1) view(false);
+  if (decode_kernel_takes(p)) plan.decode_splits = decode_splits(p, sms);
   return plan;
 }
 
@@ -253,16 +275,18 @@ FwdPlan plan_forward(const detail::Problem& p) {
 struct SplitWorkspaceLayout {
   size_t lse_offset = 0, bytes = 0;
 };
-SplitWorkspaceLayout split_workspace_layout(const detail::Problem& p, const FwdPlan& plan) {
+SplitWorkspaceLayout split_workspace_layout(const detail::Problem& p, int32_t splits) {
   SplitWorkspaceLayout l;
-  if (plan.splits <= 1) return l;
-  const size_t rows = size_t(plan.splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
+  if (splits <= 1) return l;
+  const size_t rows = size_t(splits) * size_t(p.batch) * size_t(p.heads_q) * size_t(p.seqlen_q);
   l.lse_offset = (rows * size_t(p.head_dim) * 4 + 255) / 256 * 256;
   l.bytes = l.lse_offset + rows * 4;
   return l;
 }
+// What a call's workspace must hold: the partials of either kernel's ranges (decode_kernel_applies, and so the
+// kernel, also depends on the tensors' addresses and strides, which a workspace query may not know).
 size_t split_workspace_bytes(const detail::Problem& p, const FwdPlan& plan) {
-  return split_workspace_layout(p, plan).bytes;
+  return split_workspace_layout(p, std::max(plan.splits, plan.decode_splits)).bytes;
 }
 
 // t [b, 1, h_q, d] (or lse [b, h_q, 1]) read as [b, group, h_kv, d] ([b, h_kv, group]): the packed view.
@@ -388,14 +412,14 @@ SplitPartials split_partials(const char* call, const detail::Problem& p, const F
                              cudaStream_t stream, std::optional<StreamOrderedBuffer>& owned) {
   uint8_t* base = static_cast<uint8_t*>(workspace.data);
   if (base == nullptr) {
-    owned.emplace(call, split_workspace_bytes(p, plan), stream, "the split-KV partials");
+    owned.emplace(call, split_workspace_layout(p, plan.splits).bytes, stream, "the split-KV partials");
     base = static_cast<uint8_t*>(owned->get());
   }
   if (reinterpret_cast<uintptr_t>(base) % 256 != 0)
     throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected a 256-byte aligned "
                                                               "pointer, got address " +
                                               std::to_string(reinterpret_cast<uintptr_t>(base)));
-  const SplitWorkspaceLayout layout = split_workspace_layout(p, plan);
+  const SplitWorkspaceLayout layout = split_workspace_layout(p, plan.splits);
   return {reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + layout.lse_offset)};
 }
 
@@ -431,11 +455,9 @@ bool decode_kernel_applies(const detail::Problem& p, const Tensor& q, const Tens
     return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[kBatch] % 8 == 0 && t.stride[kSeq] % 8 == 0 &&
            t.stride[kHeads] % 8 == 0;
   };
-  return has_decode_kernel(p.dtype, p.head_dim) && p.seqlen_q == 1 && p.group() <= kDecodeMaxRows &&
-         p.mask.left < 0 && p.sinks == nullptr && p.exp2_emulated_per16 == 0 && p.seqlen_k > 0 && rows_16b(k) &&
-         rows_16b(v) && k.stride[kBatch] == v.stride[kBatch] && k.stride[kSeq] == v.stride[kSeq] &&
-         k.stride[kHeads] == v.stride[kHeads] && reinterpret_cast<uintptr_t>(q.data) % 4 == 0 && q.stride[kBatch] % 2 == 0 &&
-         q.stride[kHeads] % 2 == 0;
+  return decode_kernel_takes(p) && rows_16b(k) && rows_16b(v) && k.stride[kBatch] == v.stride[kBatch] &&
+         k.stride[kSeq] == v.stride[kSeq] && k.stride[kHeads] == v.stride[kHeads] &&
+         reinterpret_cast<uintptr_t>(q.data) % 4 == 0 && q.stride[kBatch] % 2 == 0 && q.stride[kHeads] % 2 == 0;
 }
 
 // A call decode_kernel_applies to, on the decode kernel: the plan's split count (and so its workspace), the
@@ -489,14 +511,16 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   }
   const FwdSwitches switches = read_fwd_switches(call);  // before anything is allocated (a bad value is refused)
 
-  FwdPlan plan = plan_forward(p);
+  const FwdPlan plan = plan_forward(p);
   const int row = plan.row;
   if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
     throw Error(Status::invalid_argument, std::string(call) + ": tile-table row " + std::to_string(row) +
                                               " is not a row of head dim " + std::to_string(p.head_dim));
-  if (switches.decode_kernel && decode_kernel_applies(p, q_in, k, v))
-    return run_decode(call, p, plan, q_in, k, v, out_in, lse_in, cache, workspace, stream);
-  plan.splits = plan.forward_splits();  // its ranges are key tiles (the workspace, sized on the decode kernel's, fits)
+  if (switches.decode_kernel && decode_kernel_applies(p, q_in, k, v)) {
+    FwdPlan decode = plan;
+    decode.splits = plan.decode_splits;  // its ranges; the workspace holds either kernel's partials
+    return run_decode(call, p, decode, q_in, k, v, out_in, lse_in, cache, workspace, stream);
+  }
   const FwdTile& tile = kFwdTiles[row];
   const uint32_t block_m = uint32_t(tile.block_m);
   const int64_t num_tiles = plan.num_tiles * plan.splits;
