@@ -1,8 +1,8 @@
 // Host view of the decode kernel (decode.cu): one query per sequence against a dense K/V or a KV cache, each CTA one
 // (key range, kv head, sequence) with the kv head's `group` query heads as the rows of one 16-row tile, on
-// mma.sync: FlashDecoding's shape. The default for the calls it takes (perf-log F27; FA4_FWD_DECODE_KERNEL=0 runs
-// them on the forward kernel, whose decode row spends its 64-row wgmma tile on 4-8 real rows and its warp
-// specialisation on one or two key tiles per CTA).
+// mma.sync: FlashDecoding's shape. The default for the calls it takes whose key ranges are short (perf-log F27:
+// there the forward kernel's decode row spends its 64-row wgmma tile on 4-8 real rows and its warp specialisation
+// on one or two key tiles per CTA; FA4_FWD_DECODE_KERNEL, launch.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -17,6 +17,7 @@ namespace fa4::sm90 {
 inline constexpr int kDecodeMaxRows = 16;  // group (query heads per kv head) at most this: one m16 tile
 inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per warp): a key range's unit
 inline constexpr int kDecodeCtasPerSm = 3;   // CTAs an SM holds (their shared memory; decode.cu asserts it)
+inline constexpr int64_t kDecodeMaxRangeKeys = 1024;  // the default's longest range (launch.cu; FA4_FWD_DECODE_KERNEL)
 
 struct DecodeParams {
   // q, out [batch, 1, heads_q, head_dim]: element strides of batch and head (head_dim contiguous, pairs aligned).

@@ -332,18 +332,27 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
 //   FA4_FWD_VARLEN_COUNTER (default 1; perf-log F24): a variable-length batch's tiles handed out by the tile
 //     counter; 0 walks them in a fixed stride.
-//   FA4_FWD_DECODE_KERNEL (default 1; perf-log F27): 1 runs a call decode_kernel_applies to on the decode kernel
-//     (decode.cu) instead of the forward kernel's decode row; its ranges are merged by the combine kernel, whatever
-//     FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's).
+//   FA4_FWD_DECODE_KERNEL (default 1; perf-log F27): a call decode_kernel_applies to runs on the decode kernel
+//     (decode.cu) instead of the forward kernel's decode row where its key ranges are short (1: at most
+//     kDecodeMaxRangeKeys keys each), or always (2), or never (0); its ranges are merged by the combine kernel,
+//     whatever FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's).
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
-  bool decode_kernel = true;
+  enum class DecodeKernel { never, short_ranges, always } decode_kernel = DecodeKernel::short_ranges;
 };
+FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
+  const char* env = std::getenv("FA4_FWD_DECODE_KERNEL");
+  const std::string value = env != nullptr ? env : "";
+  if (value.empty() || value == "1") return FwdSwitches::DecodeKernel::short_ranges;
+  if (value == "0" || value == "2") return value == "0" ? FwdSwitches::DecodeKernel::never : FwdSwitches::DecodeKernel::always;
+  throw Error(Status::invalid_argument,
+              std::string(call) + ": environment FA4_FWD_DECODE_KERNEL: expected 0, 1 or 2, got '" + value + "'");
+}
 FwdSwitches read_fwd_switches(const char* call) {
   return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
-          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), env_switch(call, "FA4_FWD_DECODE_KERNEL", true)};
+          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), decode_kernel_switch(call)};
 }
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
@@ -516,7 +525,14 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
     throw Error(Status::invalid_argument, std::string(call) + ": tile-table row " + std::to_string(row) +
                                               " is not a row of head dim " + std::to_string(p.head_dim));
-  if (switches.decode_kernel && decode_kernel_applies(p, q_in, k, v)) {
+  // The decode kernel where its ranges are short: it wins where a call's time is latency (H200, d = 128, 32/8: b = 1
+  // 4k 15.0 -> 12.4 µs, 256 keys a range) and loses where it is bandwidth, as its issue rate caps it near 3.1-3.8
+  // TB/s (b = 1 32k 43.0 -> 49.3 µs, b = 8 16k 133 -> 176, 2048-8192 keys a range; on the H100, 3.0 TB/s, it won
+  // those by 5-12%: perf-log F27).
+  const bool short_ranges = plan.decode_splits > 0 &&
+                            (p.seqlen_k + plan.decode_splits - 1) / plan.decode_splits <= kDecodeMaxRangeKeys;
+  if (switches.decode_kernel != FwdSwitches::DecodeKernel::never && decode_kernel_applies(p, q_in, k, v) &&
+      (short_ranges || switches.decode_kernel == FwdSwitches::DecodeKernel::always)) {
     FwdPlan decode = plan;
     decode.splits = plan.decode_splits;  // its ranges; the workspace holds either kernel's partials
     return run_decode(call, p, decode, q_in, k, v, out_in, lse_in, cache, workspace, stream);
