@@ -23,10 +23,9 @@ constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kKeysPerWarp = 16;  // one k-step of P·V
 constexpr int kChunkKeys = kDecodeChunkKeys;
 static_assert(kChunkKeys == kKeysPerWarp * kDecodeWarps, "a chunk is every warp's k-step");
-// Two chunks in flight per CTA: 69 KiB of shared memory, so kDecodeCtasPerSm (three) CTAs fit an SM, their registers
-// too (3 × 4 warps × 168 × 32 ≤ 64K). Four stages (139 KiB) left one warp per scheduler, and the kernel is
-// issue-bound (4.4 cycles per instruction; perf-log F27).
-constexpr int kDecodeStages = 2;
+// kDecodeStages (decode.hpp): two chunks in flight per CTA, 69 KiB of shared memory, so three CTAs fit an SM, their
+// registers too (3 × 4 warps × 168 × 32 ≤ 64K). Four stages (139 KiB) left one warp per scheduler, and the kernel
+// is issue-bound (4.4 cycles per instruction; perf-log F27).
 
 template <int HeadDim>
 struct DecodeLayout {

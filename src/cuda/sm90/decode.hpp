@@ -16,7 +16,14 @@ namespace fa4::sm90 {
 
 inline constexpr int kDecodeMaxRows = 16;  // group (query heads per kv head) at most this: one m16 tile
 inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per warp): a key range's unit
-inline constexpr int kDecodeCtasPerSm = 3;   // CTAs an SM holds (their shared memory; decode.cu asserts it)
+// K/V chunks in flight per CTA, and so CTAs per SM (shared memory at d = 128, 34 KiB a stage; decode.cu asserts it):
+// two stages, three CTAs. FA4_AB_DECODE_STAGES=3 (two CTAs, four chunks in flight per SM where two stages keep
+// three) is an A/B define for a build's CUDA flags (perf-log F28), read by the kernel and the split rule alike.
+#ifndef FA4_AB_DECODE_STAGES
+#define FA4_AB_DECODE_STAGES 2
+#endif
+inline constexpr int kDecodeStages = FA4_AB_DECODE_STAGES;
+inline constexpr int kDecodeCtasPerSm = kDecodeStages == 2 ? 3 : kDecodeStages == 3 ? 2 : 1;
 inline constexpr int64_t kDecodeMaxRangeKeys = 1024;  // the default's longest range (launch.cu; FA4_FWD_DECODE_KERNEL)
 
 struct DecodeParams {
