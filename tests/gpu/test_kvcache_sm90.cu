@@ -216,7 +216,7 @@ TEST(GpuKvCacheSm90, SplitsAppendsAndPrefillChunks) {
   }
 }
 
-// The decode kernel (FA4_FWD_DECODE_KERNEL=1, perf-log F27) over contiguous and paged caches: every page size of
+// The decode kernel (FA4_FWD_DECODE_KERNEL=2: every call it takes, perf-log F27) over contiguous and paged caches: every page size of
 // the decode test, forced splits (ranges left empty by short sequences included), groups of 1, 4 and 16; with an
 // append (1 to a full cache less one key) and without (a sequence of no key: O = 0, LSE = -inf; a full cache);
 // and its bits differ from the forward kernel's on every call (the switch reaches another kernel).

@@ -14,6 +14,7 @@
 
 #include "api/validate.hpp"
 #include "cpu/reference.hpp"
+#include "cuda/sm90/decode.hpp"
 #include "fa4/fa4.hpp"
 #include "gpu_test_util.hpp"
 #include "testing/tensors.hpp"
@@ -197,8 +198,8 @@ TEST(GpuSplitKvSm90, SinksAndCallerWorkspace) {
     }
 }
 
-// The decode kernel (FA4_FWD_DECODE_KERNEL=1, perf-log F27) on the calls it takes (one query, no left window, no
-// sink; d = 64 and 128): against the reference, forced splits (1 to 200, capped at the 128-key tiles) and the
+// The decode kernel (FA4_FWD_DECODE_KERNEL=2: every call it takes, perf-log F27; one query, no left window, no
+// sink; d = 64 and 128): against the reference, forced splits (1 to 200, capped at its 64-key chunks) and the
 // fill rule, a caller's poisoned workspace, groups of 1, 4 and 16, softcap, 5 keys; its bits differ from the
 // forward kernel's on every call of 777 keys or more (the switch reaches another kernel). A call it does not take
 // (a left window) still runs, on the forward kernel.
@@ -254,32 +255,48 @@ TEST(GpuSplitKvSm90, TooSmallWorkspaceIsRefusedByName) {
   cudaFree(ptr);
 }
 
-// Query heads broadcast from one stored head (stride 0) cannot be read as rows: decode runs unpacked, correctly.
+// The decode kernel's split rule counts kDecodeCtasPerSm CTAs per SM at d = 128 (its waves): the occupancy the
+// device reports for its instances, which a kernel that grew past 170 registers would silently lower.
+TEST(GpuSplitKvSm90, DecodeKernelHoldsItsCtasPerSm) {
+  REQUIRE_SM90();
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    EXPECT_EQ(fa4::sm90::decode_ctas_per_sm(dtype, 128), fa4::sm90::kDecodeCtasPerSm) << fa4::to_string(dtype);
+    EXPECT_GE(fa4::sm90::decode_ctas_per_sm(dtype, 64), fa4::sm90::kDecodeCtasPerSm) << fa4::to_string(dtype);
+  }
+  EXPECT_EQ(fa4::sm90::decode_ctas_per_sm(DType::bf16, 256), 0) << "no d = 256 instance";
+}
+
+// Query heads broadcast from one stored head (stride 0) cannot be read as rows: decode runs unpacked on the
+// forward kernel (FA4_FWD_DECODE_KERNEL=0), and on the decode kernel (=2) each row reads its head's row, correctly.
 TEST(GpuSplitKvSm90, BroadcastQueryHeadsAreNotPacked) {
   REQUIRE_SM90();
-  SplitCase c;
-  c.batch = 2, c.seqlen_q = 1, c.seqlen_k = 1500, c.heads_q = 8, c.heads_kv = 2, c.head_dim = 64;
-  c.seed = 21;
-  fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
-  // q as [2, 1, 8, 64] with heads stride 0: every query head reads head 0's row.
-  fa4::Tensor qb = in.q.desc();
-  qb.stride[2] = 0;
-  auto out = HostTensor::make(c.dtype, {2, 1, 8, 64}), out_ref = HostTensor::make(DType::f64, {2, 1, 8, 64}),
-       out_naive = HostTensor::make(DType::f64, {2, 1, 8, 64});
-  out.poison();
-  DeviceCopy d_q(in.q, size_t(in.q.numel())), d_k(in.k, size_t(in.kv_storage_elems)),
-      d_v(in.v, size_t(in.kv_storage_elems)), d_out(out, size_t(out.numel()));
-  fa4::Tensor qd = d_q.desc();
-  qd.stride[2] = 0;
-  fa4::forward(qd, d_k.desc(), d_v.desc(), d_out.desc(), nullptr, c.options);
-  CUDA_OK(cudaDeviceSynchronize());
-  d_out.copy_back(out);
-  const auto p = fa4::detail::validate_inputs("test", qb, in.k.desc(), in.v.desc(), c.options);
-  fa4::cpu::reference_forward(p, qb, in.k.desc(), in.v.desc(), out_ref.desc(), nullptr, fa4::cpu::Precision::exact);
-  fa4::cpu::reference_forward(p, qb, in.k.desc(), in.v.desc(), out_naive.desc(), nullptr,
-                              fa4::cpu::Precision::storage);
-  const Comparison co = fa4::testing::compare(out.values(), out_ref.values(), out_naive.values(), c.dtype, 2.0, 0.0);
-  EXPECT_TRUE(co.pass) << co.summary();
+  for (const char* kernel : {"0", "2"}) {
+    SCOPED_TRACE(std::string("FA4_FWD_DECODE_KERNEL=") + kernel);
+    const EnvOverride decode_kernel("FA4_FWD_DECODE_KERNEL", kernel);
+    SplitCase c;
+    c.batch = 2, c.seqlen_q = 1, c.seqlen_k = 1500, c.heads_q = 8, c.heads_kv = 2, c.head_dim = 64;
+    c.seed = 21;
+    fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
+    // q as [2, 1, 8, 64] with heads stride 0: every query head reads head 0's row.
+    fa4::Tensor qb = in.q.desc();
+    qb.stride[2] = 0;
+    auto out = HostTensor::make(c.dtype, {2, 1, 8, 64}), out_ref = HostTensor::make(DType::f64, {2, 1, 8, 64}),
+         out_naive = HostTensor::make(DType::f64, {2, 1, 8, 64});
+    out.poison();
+    DeviceCopy d_q(in.q, size_t(in.q.numel())), d_k(in.k, size_t(in.kv_storage_elems)),
+        d_v(in.v, size_t(in.kv_storage_elems)), d_out(out, size_t(out.numel()));
+    fa4::Tensor qd = d_q.desc();
+    qd.stride[2] = 0;
+    fa4::forward(qd, d_k.desc(), d_v.desc(), d_out.desc(), nullptr, c.options);
+    CUDA_OK(cudaDeviceSynchronize());
+    d_out.copy_back(out);
+    const auto p = fa4::detail::validate_inputs("test", qb, in.k.desc(), in.v.desc(), c.options);
+    fa4::cpu::reference_forward(p, qb, in.k.desc(), in.v.desc(), out_ref.desc(), nullptr, fa4::cpu::Precision::exact);
+    fa4::cpu::reference_forward(p, qb, in.k.desc(), in.v.desc(), out_naive.desc(), nullptr,
+                                fa4::cpu::Precision::storage);
+    const Comparison co = fa4::testing::compare(out.values(), out_ref.values(), out_naive.values(), c.dtype, 2.0, 0.0);
+    EXPECT_TRUE(co.pass) << co.summary();
+  }
 }
 
 TEST(GpuSplitKvSm90, SplitRunsAreBitwiseRepeatable) {

@@ -23,9 +23,11 @@ constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kKeysPerWarp = 16;  // one k-step of P·V
 constexpr int kChunkKeys = kDecodeChunkKeys;
 static_assert(kChunkKeys == kKeysPerWarp * kDecodeWarps, "a chunk is every warp's k-step");
-// kDecodeStages (decode.hpp): two chunks in flight per CTA, 69 KiB of shared memory, so three CTAs fit an SM, their
-// registers too (3 × 4 warps × 168 × 32 ≤ 64K). Four stages (139 KiB) left one warp per scheduler, and the kernel
-// is issue-bound (4.4 cycles per instruction; perf-log F27).
+// kDecodeStages (decode.hpp): two chunks in flight per CTA, 68 KiB of shared memory at d = 128, so three CTAs fit
+// an SM, their registers too (ptxas: 166 at d = 128, 96 at d = 64; 3 × 4 warps × 168 × 32 ≤ 64K; the GPU test
+// DecodeKernelHoldsItsCtasPerSm asks the occupancy API, as a __launch_bounds__ minimum would change the code).
+// Four stages (136 KiB) left one warp per scheduler, and the kernel is issue-bound (4.4 cycles per instruction;
+// perf-log F27).
 
 template <int HeadDim>
 struct DecodeLayout {
@@ -277,6 +279,23 @@ cudaError_t launch_typed(const DecodeParams& p, cudaStream_t stream) {
 
 bool has_decode_kernel(DType dtype, int64_t head_dim) {
   return (dtype == DType::bf16 || dtype == DType::f16) && (head_dim == 64 || head_dim == 128);
+}
+
+int decode_ctas_per_sm(DType dtype, int head_dim) {
+  if (!has_decode_kernel(dtype, head_dim)) return 0;
+  auto query = [](auto kernel, int smem) {
+    int ctas = 0;
+    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kDecodeThreads, size_t(smem)) != cudaSuccess)
+      return -1;
+    return ctas;
+  };
+  const bool bf16 = dtype == DType::bf16;
+  if (head_dim == 64)
+    return bf16 ? query(decode_kernel<ptx::WgmmaInput::bf16, 64>, DecodeLayout<64>::kSmemBytes)
+                : query(decode_kernel<ptx::WgmmaInput::f16, 64>, DecodeLayout<64>::kSmemBytes);
+  return bf16 ? query(decode_kernel<ptx::WgmmaInput::bf16, 128>, DecodeLayout<128>::kSmemBytes)
+              : query(decode_kernel<ptx::WgmmaInput::f16, 128>, DecodeLayout<128>::kSmemBytes);
 }
 
 cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cudaStream_t stream) {

@@ -16,7 +16,8 @@ namespace fa4::sm90 {
 
 inline constexpr int kDecodeMaxRows = 16;  // group (query heads per kv head) at most this: one m16 tile
 inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per warp): a key range's unit
-// K/V chunks in flight per CTA, and so CTAs per SM (shared memory at d = 128, 34 KiB a stage; decode.cu asserts it):
+// K/V chunks in flight per CTA, and so CTAs per SM (shared memory at d = 128, 34 KiB a stage; decode.cu asserts it
+// and holds its registers to fit):
 // two stages, three CTAs. FA4_AB_DECODE_STAGES=3 (two CTAs, four chunks in flight per SM where two stages keep
 // three) is an A/B define for a build's CUDA flags (perf-log F28), read by the kernel and the split rule alike.
 #ifndef FA4_AB_DECODE_STAGES
@@ -56,6 +57,10 @@ struct DecodeParams {
 
 // Whether the decode kernel is compiled for (dtype, head_dim).
 bool has_decode_kernel(DType dtype, int64_t head_dim);
+
+// CTAs of the (dtype, head_dim) instance an SM of the current device holds (the occupancy API; 0: no such instance,
+// -1: the query failed): kDecodeCtasPerSm at d = 128, what the split rule assumes.
+int decode_ctas_per_sm(DType dtype, int head_dim);
 
 // Grid: num_splits × heads_kv × batch CTAs, launched as a programmatic dependent of the stream's previous kernel.
 cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cudaStream_t stream);

@@ -346,7 +346,8 @@ FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
   const char* env = std::getenv("FA4_FWD_DECODE_KERNEL");
   const std::string value = env != nullptr ? env : "";
   if (value.empty() || value == "1") return FwdSwitches::DecodeKernel::short_ranges;
-  if (value == "0" || value == "2") return value == "0" ? FwdSwitches::DecodeKernel::never : FwdSwitches::DecodeKernel::always;
+  if (value == "0") return FwdSwitches::DecodeKernel::never;
+  if (value == "2") return FwdSwitches::DecodeKernel::always;
   throw Error(Status::invalid_argument,
               std::string(call) + ": environment FA4_FWD_DECODE_KERNEL: expected 0, 1 or 2, got '" + value + "'");
 }
@@ -525,14 +526,17 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   if (row < 0 || row >= kFwdRows || kFwdTiles[row].head_dim != p.head_dim)
     throw Error(Status::invalid_argument, std::string(call) + ": tile-table row " + std::to_string(row) +
                                               " is not a row of head dim " + std::to_string(p.head_dim));
-  // The decode kernel where its ranges are short: it wins where a call's time is latency (H200, d = 128, 32/8: b = 1
+  // The decode kernel where its ranges are short (judged on p.seqlen_k: a KV cache's capacity, its sequences' keys
+  // being on the device): it wins where a call's time is latency (H200, d = 128, 32/8: b = 1
   // 4k 15.0 -> 12.4 µs, 256 keys a range) and loses where it is bandwidth, as its issue rate caps it near 3.1-3.8
   // TB/s (b = 1 32k 43.0 -> 49.3 µs, b = 8 16k 133 -> 176, 2048-8192 keys a range; on the H100, 3.0 TB/s, it won
   // those by 5-12%: perf-log F27).
   const bool short_ranges = plan.decode_splits > 0 &&
                             (p.seqlen_k + plan.decode_splits - 1) / plan.decode_splits <= kDecodeMaxRangeKeys;
-  if (switches.decode_kernel != FwdSwitches::DecodeKernel::never && decode_kernel_applies(p, q_in, k, v) &&
-      (short_ranges || switches.decode_kernel == FwdSwitches::DecodeKernel::always)) {
+  // A forced tile row (ScopedFwdRow: the tests' sweep of every row) is the forward kernel's.
+  using DecodeKernel = FwdSwitches::DecodeKernel;
+  if (switches.decode_kernel != DecodeKernel::never && forced_fwd_row < 0 && decode_kernel_applies(p, q_in, k, v) &&
+      (short_ranges || switches.decode_kernel == DecodeKernel::always)) {
     FwdPlan decode = plan;
     decode.splits = plan.decode_splits;  // its ranges; the workspace holds either kernel's partials
     return run_decode(call, p, decode, q_in, k, v, out_in, lse_in, cache, workspace, stream);
