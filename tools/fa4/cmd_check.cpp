@@ -45,6 +45,8 @@ std::vector<testing::CaseSpec> check_matrix(bool quick) {
   with([](auto& c) { c.broadcast_kv = true; });
   with([](auto& c) { c.head_dim = 256; c.dtype = DType::f16; });
   with([](auto& c) { c.seqlen_k = 0; });
+  // Decode (one query, a GQA group, d = 128): on a GPU the decode kernel's call (short key ranges).
+  with([](auto& c) { c.seqlen_q = 1, c.seqlen_k = 1000, c.heads_q = 8, c.heads_kv = 2, c.head_dim = 128; });
   with([](auto& c) { c.dtype = DType::f64; c.head_dim = 32; });
   return cases;
 }
