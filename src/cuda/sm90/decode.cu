@@ -76,9 +76,18 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   // costs one division by the page size per thread (one per copy made the paged kernel issue 45% more
   // instructions than the contiguous one, and this kernel is issue-bound: perf-log F27). A page holds at least 16
   // rows (the API's rule), so a step of ≤ 16 rows crosses at most one page boundary.
+#if FA4_AB_DECODE_WARP_RINGS
+  // F28b (A/B define, perf-log): each warp copies the 16 rows it reads (rows 16·warp + lane / kSegments + i ·
+  // kRowStep), so a chunk's stage needs no CTA barrier: the warp's own wait and __syncwarp order it, and the warps
+  // run their rings apart (one's softmax beside another's wait).
+  constexpr int kRowStep = 32 / L::kSegments;
+  static_assert(kRowStep <= 16 && kRowStep * L::kCopiesPerThread == kKeysPerWarp, "one page step per copy at most");
+  const int r0 = warp * kKeysPerWarp + lane / L::kSegments, seg = lane % L::kSegments;
+#else
   constexpr int kRowStep = kDecodeThreads / L::kSegments;
   static_assert(kRowStep <= 16 && kRowStep * L::kCopiesPerThread == kChunkKeys, "one page step per copy at most");
   const int r0 = int(threadIdx.x) / L::kSegments, seg = int(threadIdx.x) % L::kSegments;
+#endif
   // K and V share their strides (decode_kernel_applies): one offset per copy serves both.
   const int64_t head_offset = int64_t(kv_head) * p.kv_stride_h + seg * 8, batch_offset = int64_t(b) * p.kv_stride_b;
   const int32_t* const pages_of_b = p.page_table != nullptr ? p.page_table + int64_t(b) * p.page_table_stride : nullptr;
@@ -160,7 +169,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     issue(chunk + kDecodeStages - 1, (i + kDecodeStages - 1) % kDecodeStages, pages);  // the stage the last chunk read
     read_pages(chunk + kDecodeStages, pages);  // used by the next turn's issue, after this chunk's work
     __pipeline_wait_prior(kDecodeStages - 1);  // this thread's copies of `chunk` have landed
-    __syncthreads();                           // and everyone's
+#if FA4_AB_DECODE_WARP_RINGS
+    __syncwarp();  // and its warp's, which are all it reads
+#else
+    __syncthreads();  // and everyone's
+#endif
     const uint8_t* const k_rows = smem + (i % kDecodeStages) * L::kStageBytes + warp * kKeysPerWarp * L::kRowBytes;
     const uint8_t* const v_rows = k_rows + L::kTileBytes;
 
@@ -216,7 +229,11 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
       ptx::mma_m16n8k16<In>(o[dn / 8], pf, lo);
       ptx::mma_m16n8k16<In>(o[dn / 8 + 1], pf, hi);
     }
+#if FA4_AB_DECODE_WARP_RINGS
+    __syncwarp();  // the warp is done with its rows of this stage before it refills them
+#else
     __syncthreads();  // every warp is done with this stage before it is refilled
+#endif
   }
   __pipeline_wait_prior(0);  // no copy is in flight into the stages the merge reuses (only empty groups remain)
   __syncthreads();

@@ -23,6 +23,9 @@ inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per w
 #ifndef FA4_AB_DECODE_STAGES
 #define FA4_AB_DECODE_STAGES 2
 #endif
+#ifndef FA4_AB_DECODE_WARP_RINGS  // 1: each warp copies and waits for its own rows (decode.cu; perf-log F28b)
+#define FA4_AB_DECODE_WARP_RINGS 0
+#endif
 inline constexpr int kDecodeStages = FA4_AB_DECODE_STAGES;
 inline constexpr int kDecodeCtasPerSm = kDecodeStages == 2 ? 3 : kDecodeStages == 3 ? 2 : 1;
 inline constexpr int64_t kDecodeMaxRangeKeys = 1024;  // the default's longest range (launch.cu; FA4_FWD_DECODE_KERNEL)
