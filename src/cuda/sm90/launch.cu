@@ -420,16 +420,16 @@ struct SplitPartials {
 };
 SplitPartials split_partials(const char* call, const detail::Problem& p, const FwdPlan& plan, Workspace workspace,
                              cudaStream_t stream, std::optional<StreamOrderedBuffer>& owned) {
+  const SplitWorkspaceLayout layout = split_workspace_layout(p, plan.splits);
   uint8_t* base = static_cast<uint8_t*>(workspace.data);
   if (base == nullptr) {
-    owned.emplace(call, split_workspace_layout(p, plan.splits).bytes, stream, "the split-KV partials");
+    owned.emplace(call, layout.bytes, stream, "the split-KV partials");
     base = static_cast<uint8_t*>(owned->get());
   }
   if (reinterpret_cast<uintptr_t>(base) % 256 != 0)
     throw Error(Status::invalid_argument, std::string(call) + ": argument 'workspace': expected a 256-byte aligned "
                                                               "pointer, got address " +
                                               std::to_string(reinterpret_cast<uintptr_t>(base)));
-  const SplitWorkspaceLayout layout = split_workspace_layout(p, plan.splits);
   return {reinterpret_cast<float*>(base), reinterpret_cast<float*>(base + layout.lse_offset)};
 }
 
