@@ -42,13 +42,6 @@
 #define FA4_AB_D256_NO_TURNS 0
 #endif
 
-// A/B candidate F29 (off by default): the forward's whole-tile loads (Q; K and V of calls without per-sequence
-// geometry) as one TMA each, a rank-5 map whose dimension 2 steps the 128-byte column chunks, instead of one TMA
-// per chunk (d = 128: 2 -> 1 per tile, d = 256: 4 -> 1; d = 64 has one chunk and is unchanged).
-#ifndef FA4_AB_TMA_WHOLE_TILE
-#define FA4_AB_TMA_WHOLE_TILE 0
-#endif
-
 namespace fa4::sm90 {
 
 struct FwdTile {

@@ -44,7 +44,7 @@ constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
 // A dimension TMA does not step through: broadcast (stride 0) or of size 1. Mapped with extent 1, coordinate 0.
 static bool collapsed(const Tensor& t, int dim) { return t.stride[dim] == 0 || t.shape[dim] == 1; }
 
-CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUtensorMap* map, MapBox box) {
+CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUtensorMap* map) {
   cuda::TmaTensorSpec spec;
   spec.data = t.data;
   spec.dtype = t.dtype;
@@ -60,14 +60,6 @@ CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUte
                         collapsed(t, kBatch) ? 16u : uint64_t(t.stride[kBatch] * es)};
   if (t.shape[kSeq] == 1) spec.strides_bytes[1] = 16;  // one row: never stepped, any legal stride
   spec.box = {uint32_t(kSw128Columns), box_rows, 1u, 1u, 1u};
-  if (FA4_AB_TMA_WHOLE_TILE && box == MapBox::whole_tile && head_dim > kSw128Columns) {
-    // The column chunks as dimension 2 (stride 128 bytes); heads and batch move out to 3 and 4.
-    spec.rank = 5;
-    spec.dims = {uint64_t(kSw128Columns), spec.dims[1], uint64_t(head_dim / kSw128Columns), spec.dims[2], spec.dims[3]};
-    spec.strides_bytes = {spec.strides_bytes[0], spec.strides_bytes[1], uint64_t(kSw128Columns * es),
-                          spec.strides_bytes[2], spec.strides_bytes[3]};
-    spec.box = {uint32_t(kSw128Columns), box_rows, uint32_t(head_dim / kSw128Columns), 1u, 1u};
-  }
   cuda::make_tma_tensor_map(spec, map);
   return {collapsed(t, kHeads) ? 0 : 1, collapsed(t, kBatch) ? 0 : 1};
 }
@@ -568,7 +560,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
 
   FwdParams params;
-  const CoordSteps q_steps = map_tensor(q, p.head_dim, block_m, &params.q_map, MapBox::whole_tile);
+  const CoordSteps q_steps = map_tensor(q, p.head_dim, block_m, &params.q_map);
   params.q_head_step = q_steps.head;
   params.q_batch_step = q_steps.batch;
   if (p.seqlen_k > 0) {  // no K/V element: the kernel loads nothing (and the data may be null)
@@ -576,10 +568,8 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     const uint32_t box_rows = uint32_t(cache != nullptr && cache->page_table != nullptr
                                            ? std::gcd<int64_t>(tile.block_n, cache->page_size)
                                            : tile.block_n);
-    // Without per-sequence geometry (no cache) the producer loads whole tiles (load_whole_tile).
-    const MapBox kv_box = cache == nullptr ? MapBox::whole_tile : MapBox::chunk;
-    const CoordSteps k_steps = map_tensor(k, p.head_dim, box_rows, &params.k_map, kv_box);
-    const CoordSteps v_steps = map_tensor(v, p.head_dim, box_rows, &params.v_map, kv_box);
+    const CoordSteps k_steps = map_tensor(k, p.head_dim, box_rows, &params.k_map);
+    const CoordSteps v_steps = map_tensor(v, p.head_dim, box_rows, &params.v_map);
     params.k_head_step = k_steps.head;
     params.k_batch_step = k_steps.batch;
     params.v_head_step = v_steps.head;
@@ -698,7 +688,7 @@ void forward_varlen(const detail::Problem& p, const Tensor& q, const Tensor& k, 
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
 
   FwdParams params;
-  const CoordSteps q_steps = map_tensor(q, p.head_dim, uint32_t(tile.block_m), &params.q_map, MapBox::whole_tile);
+  const CoordSteps q_steps = map_tensor(q, p.head_dim, uint32_t(tile.block_m), &params.q_map);
   params.q_head_step = q_steps.head;
   params.q_batch_step = 0;  // one packed batch: rows are offset by the sequence's start instead
   if (k.shape[kSeq] > 0) {  // no key at all: nothing is loaded (and the maps are never encoded)

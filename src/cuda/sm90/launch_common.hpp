@@ -60,13 +60,8 @@ struct CoordSteps {
 };
 
 // Encodes t's rank-4 map {head_dim, seqlen, heads, batch} with boxes {64, box_rows, 1, 1} and the 128-byte
-// swizzle into *map (64-byte aligned) and returns the coordinate steps. MapBox::whole_tile in a build with
-// FA4_AB_TMA_WHOLE_TILE (config.hpp) and head_dim > 64: the rank-5 map {64, seqlen, head_dim / 64, heads, batch}
-// with boxes {64, box_rows, head_dim / 64, 1, 1}, whose one box lands as the [chunk][row][64] tile
-// (load_whole_tile in tiles.cuh).
-enum class MapBox { chunk, whole_tile };
-CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUtensorMap* map,
-                      MapBox box = MapBox::chunk);
+// swizzle into *map (64-byte aligned) and returns the coordinate steps.
+CoordSteps map_tensor(const Tensor& t, int64_t head_dim, uint32_t box_rows, CUtensorMap* map);
 
 // Attribute `attr` of CUDA device `index`, queried once per (device, attribute) and cached; nullopt if the query
 // fails (no such device).

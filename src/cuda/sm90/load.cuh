@@ -177,9 +177,8 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
                                                            &pages);
       } else {
         (void)map16, (void)map1;
-        load_whole_tile<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN,
-                                                  kv_head * head_step, tile.batch * batch_step,
-                                                  ring.full_barrier(stage));
+        load_tile<HeadDim, Config::kBlockN>(tiles[stage.index], map, n_block * Config::kBlockN, kv_head * head_step,
+                                            tile.batch * batch_step, ring.full_barrier(stage));
       }
     };
     auto load_k = [&](int32_t n_block, decltype(kv_stage) stage) {
@@ -193,9 +192,9 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     auto load_q = [&] {
       q_ring.producer_acquire(q_stage);
       q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
-      load_whole_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
-                                                tile.head * p.q_head_step, tile.batch * p.q_batch_step,
-                                                q_ring.full_barrier(q_stage));
+      load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
+                                          tile.head * p.q_head_step, tile.batch * p.q_batch_step,
+                                          q_ring.full_barrier(q_stage));
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
       ++q_stage;
     };

@@ -80,19 +80,6 @@ __device__ __forceinline__ void load_tile(uint8_t* smem_tile, const CUtensorMap*
   }
 }
 
-// The same tile from a map_tensor(..., MapBox::whole_tile) map: in a build with FA4_AB_TMA_WHOLE_TILE one TMA
-// (its rank-5 box is the whole [chunk][Rows][64] tile), else load_tile's.
-template <int HeadDim, int Rows>
-__device__ __forceinline__ void load_whole_tile(uint8_t* smem_tile, const CUtensorMap* map, int32_t row,
-                                                int32_t head, int32_t batch, uint64_t* full_barrier) {
-  if constexpr (FA4_AB_TMA_WHOLE_TILE && HeadDim > kSw128Columns) {
-    const int32_t coords[5] = {0, row, 0, head, batch};
-    ptx::tma_load(smem_tile, map, coords, full_barrier);
-  } else {
-    load_tile<HeadDim, Rows>(smem_tile, map, row, head, batch, full_barrier);
-  }
-}
-
 // The same tile when only its first `valid` rows (> 0) belong to the tile's sequence (a packed variable-length
 // batch): those rows by TMA (whole boxes of `map` while they last, then 16-row boxes of map16 and 1-row boxes
 // of map1), the rest as zeros (boxes wholly out of bounds, above row 0), since the rows after a sequence belong
