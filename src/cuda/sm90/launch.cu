@@ -578,6 +578,8 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     params.kv_box_rows = int32_t(box_rows);
   }
   if (cache != nullptr) set_cache_fields(*cache, params);
+  if (cache != nullptr && cache->page_table != nullptr)  // the producer's page arithmetic (perf-log F30)
+    params.page_divmod = cuda::FastDivmod(uint32_t(cache->page_size));
   // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores
   // (always for a KV-cache call: its instances store per thread). Split-KV writes fp32 partials instead (per
   // thread), and the combine kernel (or the forward's in-kernel merge) writes out and lse.

@@ -42,7 +42,8 @@ struct TilePages {
 #pragma unroll
     for (int i = 0; i < kMaxBoxes; ++i)
       page[i] = i * p.kv_box_rows < BlockN && i * p.kv_box_rows < valid
-                    ? p.page_table[int64_t(batch) * p.page_table_stride + (key0 + i * p.kv_box_rows) / p.page_size]
+                    ? p.page_table[int64_t(batch) * p.page_table_stride +
+                                   p.page_divmod.div(uint32_t(key0 + i * p.kv_box_rows))]
                     : 0;
   }
   __device__ __forceinline__ void read(const FwdParams& p, const SeqGeometry& geo, int32_t batch, int32_t n_block) {
@@ -85,7 +86,7 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
   // Key `key` of the sequence (in a box that holds keys): its row and outer (batch or page) coordinates.
   auto at = [&](int box, int32_t key, auto&& load) {
     if (paged)
-      load(key % p.page_size, pages.page_of(box));
+      load(int32_t(p.page_divmod.mod(uint32_t(key))), pages.page_of(box));
     else
       load(geo.k_row0 + key, batch_coord);
   };
