@@ -90,16 +90,6 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
     else
       load(geo.k_row0 + key, batch_coord);
   };
-  if (paged && valid >= BlockN) {  // a paged tile whose boxes all hold keys (every tile but a sequence's last)
-    // Unrolled: each box's page is its own register instead of a select chain over the array, and the boxes'
-    // address work interleaves; one thread issues all of it between its waits (perf-log F31).
-#pragma unroll
-    for (int box = 0; box < kMaxBoxes; ++box) {
-      const int32_t r = box * box_rows;
-      if (r < BlockN) issue(map, r, int32_t(p.page_divmod.mod(uint32_t(key0 + r))), pages.page[box]);
-    }
-    return;
-  }
 #pragma unroll 1  // the producer's code stays small: it shares the instruction cache with the consumers
   for (int box = 0; box < kMaxBoxes; ++box) {
     const int32_t r = box * box_rows;
