@@ -16,6 +16,7 @@
 
 #include "api/validate.hpp"
 #include "cpu/reference.hpp"
+#include "cuda/sm90/bwd/config.hpp"
 #include "fa4/fa4.hpp"
 #include "gpu_test_util.hpp"
 #include "testing/tensors.hpp"
@@ -533,26 +534,30 @@ TEST(GpuBackwardSm90, DeterministicStoreFirstMatchesTheZeroedCopies) {
         }
 }
 
-// FA4_BWD_DET_TWO_BUFFERS: deterministic d = 128 stages each warpgroup's slabs in two buffers (one per dQ writer)
-// by default; the same bits as one buffer, right against the reference, repeatable, with one chain and two, every
+// FA4_BWD_DET_TWO_BUFFERS: deterministic d = 128 (and d = 64 with B27's define) stages each warpgroup's slabs in
+// two buffers (one per dQ writer) by default; the same bits as one buffer, right against the reference, repeatable, with one chain and two, every
 // mask, GQA, tails, and a walk of many tiles per CTA (both writers' buffers cycling).
 TEST(GpuBackwardSm90, DeterministicTwoBuffersMatchOne) {
   REQUIRE_SM90();
   const EnvOverride writers("FA4_BWD_DET_REGISTER_ADDS", "0");  // unmasked d = 128 has no writers by default (B24)
-  for (const char* chains : {"1", "2"})
-    for (int shape = 0; shape < 4; ++shape) {
-      const MaskKind m = shape == 3 ? MaskKind::causal : static_cast<MaskKind>(shape);
-      const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
-      BwdCase c;
-      c.head_dim = 128;
-      c.batch = 2, c.seqlen_q = shape == 3 ? 1000 : 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
-      c.options = options_for(m);
-      if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
-      c.options.deterministic = true;
-      c.seed = 8500 + uint64_t(shape);
-      SCOPED_TRACE(std::string("chains ") + chains + ", shape " + std::to_string(shape));
-      expect_variant_matches_base_bits(c, "FA4_BWD_DET_TWO_BUFFERS", "0", "1");
-    }
+  for (const fa4::sm90::BwdTile& tile : fa4::sm90::kBwdTiles) {
+    if (tile.det_staging_buffers != 2) continue;  // the rows with two buffers: d = 128 (d = 64 too in B27's build)
+    for (const char* chains : {"1", "2"})
+      for (int shape = 0; shape < 4; ++shape) {
+        const MaskKind m = shape == 3 ? MaskKind::causal : static_cast<MaskKind>(shape);
+        const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
+        BwdCase c;
+        c.head_dim = tile.head_dim;
+        c.batch = 2, c.seqlen_q = shape == 3 ? 1000 : 333, c.seqlen_k = 1100, c.heads_q = 4, c.heads_kv = 2;
+        c.options = options_for(m);
+        if (m == MaskKind::window) c.options.window_left = 300, c.options.window_right = 40;
+        c.options.deterministic = true;
+        c.seed = 8500 + uint64_t(shape);
+        SCOPED_TRACE(std::string("d ") + std::to_string(tile.head_dim) + ", chains " + chains + ", shape " +
+                     std::to_string(shape));
+        expect_variant_matches_base_bits(c, "FA4_BWD_DET_TWO_BUFFERS", "0", "1");
+      }
+  }
   // One head per kv head: a CTA stages 1 or 3 slabs (buffer 1 never used; an odd last stage), right and repeatable.
   for (int seqlen_q : {64, 150}) {
     BwdCase c;

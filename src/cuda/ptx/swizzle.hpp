@@ -37,6 +37,14 @@ __device__ __forceinline__ T& sw128_aligned_dynamic_smem() {
   const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(dynamic_smem));
   return *reinterpret_cast<T*>(dynamic_smem + ((kSw128Alignment - (addr & (kSw128Alignment - 1))) & (kSw128Alignment - 1)));
 }
+// The same for a launch that requests exactly sizeof(T): the base must already be at the repeat. A base that is
+// not traps (the kernel fails loudly) instead of placing the storage past the allocation.
+template <class T>
+__device__ __forceinline__ T& sw128_dynamic_smem_at_base() {
+  extern __shared__ uint8_t dynamic_smem[];
+  if ((static_cast<uint32_t>(__cvta_generic_to_shared(dynamic_smem)) & (kSw128Alignment - 1)) != 0) __trap();
+  return *reinterpret_cast<T*>(dynamic_smem);
+}
 #endif
 
 }  // namespace fa4::ptx

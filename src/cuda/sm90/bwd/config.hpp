@@ -29,6 +29,13 @@
 
 #include "cuda/sm90/config.hpp"
 
+// A/B candidate B27 (off by default): the d = 64 row with two deterministic staging buffers (B23's), which fit
+// only without the launch's 1024-byte alignment slack: that row then takes the dynamic shared memory base as it
+// is and traps if it is not 1024-byte aligned (BwdConfig::kAlignedSmemBase; perf-log B27).
+#ifndef FA4_AB_BWD_D64_TWO_BUFFERS
+#define FA4_AB_BWD_D64_TWO_BUFFERS 0
+#endif
+
 namespace fa4::sm90 {
 
 struct BwdTile {
@@ -58,7 +65,7 @@ struct BwdTile {
   // Deterministic mode without the CTA pair: each warpgroup stages its dQ slabs in two buffers, one per dQ writer
   // (the tiles go to the writers in turn), so a writer waiting for a slab's turn holds only its own buffer and the
   // warpgroup goes on staging the next tile's slab for the other writer (perf-log B23). The second buffers share
-  // their memory with the pair's dq_incoming; at d = 64 they do not fit (1 KiB over).
+  // their memory with the pair's dq_incoming; at d = 64 they fit only without the alignment slack (B27's define).
   int det_staging_buffers = 1;
   // Deterministic mode, key-split rows without the CTA pair and without a mask: each warpgroup adds its dQ slab
   // from its registers in its turn (a helper warp per warpgroup waits for the turn), with no writer and no
@@ -69,7 +76,7 @@ struct BwdTile {
 };
 
 inline constexpr BwdTile kBwdTiles[] = {
-    {64, 128, 128, 2, false, 4, 1, false, 1},
+    {64, 128, 128, 2, false, 4, 1, false, FA4_AB_BWD_D64_TWO_BUFFERS ? 2 : 1},
     {128, 64, 128, 2, false, 1, 1, true, 2, true},
     {192, 64, 64, 2, true, 4, 1, false},  // column-split rows add from registers in every mode
     {256, 64, 64, 2, true, 4, 1, false},
@@ -222,6 +229,9 @@ struct BwdConfig {
   static constexpr bool kPairSplitsRows = bwd_pair_box_rows(kTile) != kBlockM;
   static constexpr uint32_t kDqHalfBytes = kDqStagingBytes / 2;
   static constexpr int kDetStagingBuffers = kTile.det_staging_buffers;
+  // The row runs on the dynamic shared memory base as the launch gives it (no alignment slack; the kernel checks
+  // the base): only B27's d = 64 row with two staging buffers, which is ~1 KiB too large for the slack.
+  static constexpr bool kAlignedSmemBase = FA4_AB_BWD_D64_TWO_BUFFERS && kHeadDim == 64;
 
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kBwdMaxConsumerWarpgroups,
                 "named barrier ids exist for up to two consumer warpgroups");

@@ -39,7 +39,7 @@ __device__ __forceinline__ BwdRole bwd_role_of(int warpgroup) {
 template <ptx::WgmmaInput In, int Row, bool Varlen>
 __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const __grid_constant__ BwdParams p) {
   using Config = BwdConfig<Row>;
-  BwdSharedStorage<Row>& smem = ptx::sw128_aligned_dynamic_smem<BwdSharedStorage<Row>>();
+  BwdSharedStorage<Row>& smem = bwd_shared_storage<Row>();
   constexpr bool kPairCapable = Config::kPairCapable && !Varlen;
   const bool paired = kPairCapable && p.cluster_pair;
   if (threadIdx.x == 0) {

@@ -57,8 +57,20 @@ struct BwdSharedStorage {
 
 template <int Row>
 constexpr uint32_t bwd_smem_bytes() {
-  return uint32_t(sizeof(BwdSharedStorage<Row>)) + kSmemAlignSlack;
+  return uint32_t(sizeof(BwdSharedStorage<Row>)) + (BwdConfig<Row>::kAlignedSmemBase ? 0u : kSmemAlignSlack);
 }
+
+#if defined(__CUDACC__)
+// The kernel's shared storage: at the dynamic shared memory base rounded up to the swizzle repeat (the launch adds
+// the slack), or, for a row without the slack, at the base itself, which must then be aligned already.
+template <int Row>
+__device__ __forceinline__ BwdSharedStorage<Row>& bwd_shared_storage() {
+  if constexpr (BwdConfig<Row>::kAlignedSmemBase)
+    return ptx::sw128_dynamic_smem_at_base<BwdSharedStorage<Row>>();
+  else
+    return ptx::sw128_aligned_dynamic_smem<BwdSharedStorage<Row>>();
+}
+#endif
 
 
 template <int... Rows>
