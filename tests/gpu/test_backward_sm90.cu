@@ -535,8 +535,9 @@ TEST(GpuBackwardSm90, DeterministicStoreFirstMatchesTheZeroedCopies) {
 }
 
 // FA4_BWD_DET_TWO_BUFFERS: deterministic d = 128 (and d = 64 with B27's define) stages each warpgroup's slabs in
-// two buffers (one per dQ writer) by default; the same bits as one buffer, right against the reference, repeatable, with one chain and two, every
-// mask, GQA, tails, and a walk of many tiles per CTA (both writers' buffers cycling).
+// two buffers (one per dQ writer) by default; the same bits as one buffer, right against the reference,
+// repeatable, with one chain and two, every mask, GQA, tails, and a walk of many tiles per CTA (both writers'
+// buffers cycling).
 TEST(GpuBackwardSm90, DeterministicTwoBuffersMatchOne) {
   REQUIRE_SM90();
   const EnvOverride writers("FA4_BWD_DET_REGISTER_ADDS", "0");  // unmasked d = 128 has no writers by default (B24)
