@@ -42,6 +42,13 @@
 #define FA4_AB_D256_NO_TURNS 0
 #endif
 
+// A/B candidate F32 (off by default): a paged call's V tiles issued by a second warp of the producer warpgroup
+// (v_load_role in load.cuh), which follows the published tile slots, so one thread no longer issues every K and V
+// box of a step in series (perf-log F32).
+#ifndef FA4_AB_PAGED_V_WARP
+#define FA4_AB_PAGED_V_WARP 0
+#endif
+
 namespace fa4::sm90 {
 
 struct FwdTile {
@@ -127,7 +134,7 @@ struct FwdConfig {
   static constexpr int kBlockN = kTile.block_n;
   static constexpr int kStages = kTile.stages;
   static constexpr int kConsumerWarpgroups = kBlockM / kWgmmaM;
-  static constexpr int kProducerWarpgroups = 1;  // of which warp 0 works; the rest exit at once
+  static constexpr int kProducerWarpgroups = 1;  // warp 0 works (F32's define: warp 1 too); the rest exit
   // setmaxnreg budgets: the producer gives registers back, the consumers take them. 40 / 232 (CUTLASS's split):
   // with 24 the producer's tile loop spills 16 B; the consumers need ~228 at d = 128. d = 256 holds a 128-float O
   // per thread and spilled 112 B under 232; with 24 / 240 the kernel spills 52 B (producer and consumer).

@@ -24,7 +24,7 @@ namespace fa4::sm90 {
 namespace {
 
 // The role table: warpgroup 0 produces (its warp 0 issues TMA and walks the tiles; it gives registers back and
-// its other three warps exit), warpgroups 1 .. block_m/64 consume (64 query rows each) and take the registers.
+// its other three warps exit; F32's define gives warp 1 a paged call's V loads), warpgroups 1 .. block_m/64 consume (64 query rows each) and take the registers.
 enum class Role { load, mma_softmax_epilogue };
 
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
@@ -95,7 +95,8 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kReleases);
     cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
     cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
-    cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases);
+    // F32's V warp reads every slot too (paged_v_warp: never in the default build).
+    cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases + (paged_v_warp<Varlen>(p) ? 1u : 0u));
     // Whatever the stream launches next as a programmatic dependent may become resident now, on the SMs this grid
     // leaves free: split-KV's combine (split_combine.cu) or the next call's forward, each of which waits in
     // cudaGridDependencySynchronize until this grid is done and its writes are visible before touching global
@@ -112,7 +113,10 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (role_of(warpgroup) == Role::load) {
     if constexpr (Config::kSetMaxNReg) ptx::setmaxnreg_dec<Config::kProducerRegisters>();
-    if (threadIdx.x / 32 == 0) load_role<Row, Varlen>(p, smem);
+    if (threadIdx.x / 32 == 0)
+      load_role<Row, Varlen>(p, smem);
+    else if (threadIdx.x / 32 == 1 && paged_v_warp<Varlen>(p))
+      v_load_role<Row>(p, smem);
     // The merge's cluster barrier (merge_tile_in_cluster): every thread of the cluster takes part, as in the
     // backward's pair (barrier.cluster waits for the threads that have not exited; this does not lean on that).
     if (p.cluster_combine) ptx::cluster_sync();

@@ -3,6 +3,7 @@
 // the K ring and a V load into the V ring, each stage acquired from its Pipeline (blocks while the consumers
 // still read it) and armed with the exact byte count it will receive.
 // A tile that runs past seqlen_k (or a Q tile past seqlen_q) is zero-filled by TMA; the bytes still count.
+// (F32's A/B define: a paged call's V loads come from the producer warpgroup's second warp instead, v_load_role.)
 #pragma once
 
 #include <cstdint>
@@ -112,6 +113,52 @@ __device__ __forceinline__ void load_kv_tile_in_sequence(uint8_t* dst, const Fwd
   }
 }
 
+// F32 (FA4_AB_PAGED_V_WARP, config.hpp): whether a call's V tiles are issued by v_load_role, the producer
+// warpgroup's second warp (paged calls of the instances with per-sequence geometry), not by load_role.
+template <bool Varlen>
+__device__ __forceinline__ bool paged_v_warp(const FwdParams& p) {
+  if constexpr (FA4_AB_PAGED_V_WARP && Varlen)
+    return p.page_table != nullptr;
+  else
+    return false;
+}
+
+// F32: the V tiles of a paged call, from the producer warpgroup's second warp. It reads every tile slot load_role
+// publishes (one more release per slot: the tile ring's count in fwd_kernel), walks the same tiles and key blocks
+// with its own V stage state (the consumers take K and V of a block at one stage index, and both rings step once
+// per block), and reads its pages itself.
+template <int Row>
+__device__ __forceinline__ void v_load_role(const FwdParams& p, FwdSharedStorage<Row>& smem) {
+  using Config = FwdConfig<Row>;
+  if (!ptx::elect_one_sync()) return;
+  if (p.seqlen_k > 0) ptx::prefetch_tensormap(&p.v_map);  // as load_role: unencoded without keys
+  const cuda::Pipeline<Config::kStages> v_ring(smem.v_ring);
+  const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
+  auto stage = cuda::producer_start_state<Config::kStages>();
+  auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
+  for (;;) {
+    tile_ring.consumer_wait(tile_stage);
+    const int32_t linear = smem.tile_slot[tile_stage.index];
+    tile_ring.consumer_release(tile_stage);
+    ++tile_stage;
+    if (linear >= p.order.num_tiles()) return;
+    const WorkTile tile = p.order.tile(linear);
+    const SeqGeometry geo = seq_geometry(p, tile);
+    const KvTileRange range = kv_tile_range_in_sequence<Config::kBlockM, Config::kBlockN>(p, tile, geo);
+    if (range.empty()) continue;  // load_role loads nothing for it either
+    const int32_t kv_head = tile.head / p.group;
+    for (int32_t n_block = range.begin; n_block < range.end; ++n_block, ++stage) {
+      TilePages<Config::kBlockN> pages;  // read before the stage wait, so the wait hides its latency (F9)
+      pages.read(p, geo, tile.batch, n_block);
+      v_ring.producer_acquire(stage);
+      v_ring.producer_expect_tx(stage, Config::kKvTileBytes);
+      load_kv_tile_in_sequence<Config::kHeadDim, Config::kBlockN>(
+          smem.v[stage.index], p, geo, &p.v_map, &p.v_map16, &p.v_map1, kv_head * p.v_head_step, tile.batch,
+          tile.batch * p.v_batch_step, n_block, v_ring.full_barrier(stage), &pages);
+    }
+  }
+}
+
 // Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once the
 // consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q so
 // that it streams while the consumers finish the previous tile.
@@ -131,6 +178,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
   }
 
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
+  const bool v_elsewhere = paged_v_warp<Varlen>(p);  // F32's define: a paged call's V is the second warp's
   const cuda::Pipeline<1> q_ring(smem.q_ring);
   const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
   auto kv_stage = cuda::producer_start_state<Config::kStages>();
@@ -187,6 +235,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
     };
     auto load_v = [&](int32_t n_block, decltype(kv_stage) stage) {
+      if (v_elsewhere) return;  // v_load_role's
       load_kv(v_ring, smem.v, &p.v_map, &p.v_map16, &p.v_map1, p.v_head_step, p.v_batch_step, n_block, stage);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::v);
     };
