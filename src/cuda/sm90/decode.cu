@@ -285,11 +285,19 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   }
 }
 
-template <DType Dtype, int HeadDim>
-cudaError_t launch_typed(const DecodeParams& p, cudaStream_t stream) {
-  const uint32_t grid = uint32_t(p.num_splits) * uint32_t(p.heads_kv) * uint32_t(p.batch);
-  return launch_with_dynamic_smem(decode_kernel<wgmma_input<Dtype>(), HeadDim>, grid, kDecodeThreads,
-                                  uint32_t(DecodeLayout<HeadDim>::kSmemBytes), stream, p, 1, /*programmatic=*/true);
+// The compiled instance of (dtype, head_dim) (has_decode_kernel holds) and its dynamic shared memory.
+struct DecodeInstance {
+  void (*kernel)(DecodeParams);
+  uint32_t smem;
+};
+template <int HeadDim>
+DecodeInstance decode_instance(DType dtype) {
+  using ptx::WgmmaInput;
+  return {dtype == DType::bf16 ? decode_kernel<WgmmaInput::bf16, HeadDim> : decode_kernel<WgmmaInput::f16, HeadDim>,
+          uint32_t(DecodeLayout<HeadDim>::kSmemBytes)};
+}
+DecodeInstance decode_instance(DType dtype, int64_t head_dim) {
+  return head_dim == 64 ? decode_instance<64>(dtype) : decode_instance<128>(dtype);
 }
 
 }  // namespace
@@ -300,27 +308,19 @@ bool has_decode_kernel(DType dtype, int64_t head_dim) {
 
 int decode_ctas_per_sm(DType dtype, int head_dim) {
   if (!has_decode_kernel(dtype, head_dim)) return 0;
-  auto query = [](auto kernel, int smem) {
-    int ctas = 0;
-    if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess ||
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, kDecodeThreads, size_t(smem)) != cudaSuccess)
-      return -1;
-    return ctas;
-  };
-  const bool bf16 = dtype == DType::bf16;
-  if (head_dim == 64)
-    return bf16 ? query(decode_kernel<ptx::WgmmaInput::bf16, 64>, DecodeLayout<64>::kSmemBytes)
-                : query(decode_kernel<ptx::WgmmaInput::f16, 64>, DecodeLayout<64>::kSmemBytes);
-  return bf16 ? query(decode_kernel<ptx::WgmmaInput::bf16, 128>, DecodeLayout<128>::kSmemBytes)
-              : query(decode_kernel<ptx::WgmmaInput::f16, 128>, DecodeLayout<128>::kSmemBytes);
+  const DecodeInstance d = decode_instance(dtype, head_dim);
+  int ctas = 0;
+  if (opt_in_dynamic_smem(reinterpret_cast<const void*>(d.kernel), d.smem) != cudaSuccess ||
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, d.kernel, kDecodeThreads, size_t(d.smem)) != cudaSuccess)
+    return -1;
+  return ctas;
 }
 
 cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cudaStream_t stream) {
-  const bool bf16 = dtype == DType::bf16;
   if (!has_decode_kernel(dtype, head_dim)) return cudaErrorInvalidValue;
-  if (head_dim == 64)
-    return bf16 ? launch_typed<DType::bf16, 64>(p, stream) : launch_typed<DType::f16, 64>(p, stream);
-  return bf16 ? launch_typed<DType::bf16, 128>(p, stream) : launch_typed<DType::f16, 128>(p, stream);
+  const DecodeInstance d = decode_instance(dtype, head_dim);
+  const uint32_t grid = uint32_t(p.num_splits) * uint32_t(p.heads_kv) * uint32_t(p.batch);
+  return launch_with_dynamic_smem(d.kernel, grid, kDecodeThreads, d.smem, stream, p, 1, /*programmatic=*/true);
 }
 
 }  // namespace fa4::sm90

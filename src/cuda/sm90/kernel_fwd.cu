@@ -24,7 +24,8 @@ namespace fa4::sm90 {
 namespace {
 
 // The role table: warpgroup 0 produces (its warp 0 issues TMA and walks the tiles; it gives registers back and
-// its other three warps exit; F32's define gives warp 1 a paged call's V loads), warpgroups 1 .. block_m/64 consume (64 query rows each) and take the registers.
+// its other three warps exit; F32's define gives warp 1 a paged call's V loads), warpgroups 1 .. block_m/64
+// consume (64 query rows each) and take the registers.
 enum class Role { load, mma_softmax_epilogue };
 
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }

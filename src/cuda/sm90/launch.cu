@@ -402,6 +402,14 @@ void map_value_tails(const Tensor& v, int64_t head_dim, FwdParams& params) {
   map_tensor(v, head_dim, 1, &params.v_map1);
 }
 
+// The page size as each kernel reads it: the decode kernel steps through its pages, the forward kernel's producer
+// divides by it (perf-log F30).
+void set_page_size(const KvCacheArgs& cache, DecodeParams& params) { params.page_size = int32_t(cache.page_size); }
+void set_page_size(const KvCacheArgs& cache, FwdParams& params) {
+  params.page_size = int32_t(cache.page_size);
+  if (cache.page_table != nullptr) params.page_divmod = cuda::FastDivmod(uint32_t(cache.page_size));
+}
+
 // A KV-cache call's metadata into a kernel's parameters (FwdParams and DecodeParams name the fields alike).
 template <class Params>
 void set_cache_fields(const KvCacheArgs& cache, Params& params) {
@@ -409,7 +417,7 @@ void set_cache_fields(const KvCacheArgs& cache, Params& params) {
   params.seqlen_k_added = int32_t(cache.seqlen_new);
   params.page_table = cache.page_table;
   params.page_table_stride = int32_t(cache.max_pages);
-  params.page_size = int32_t(cache.page_size);
+  set_page_size(cache, params);
 }
 
 // Split-KV's partials (FwdPlan::splits > 1): in the caller's workspace, or in stream-ordered memory (`owned`, freed
@@ -578,8 +586,6 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
     params.kv_box_rows = int32_t(box_rows);
   }
   if (cache != nullptr) set_cache_fields(*cache, params);
-  if (cache != nullptr && cache->page_table != nullptr)  // the producer's page arithmetic (perf-log F30)
-    params.page_divmod = cuda::FastDivmod(uint32_t(cache->page_size));
   // TMA store when the output is addressable by TMA under the inputs' rule; else the epilogue's per-thread stores
   // (always for a KV-cache call: its instances store per thread). Split-KV writes fp32 partials instead (per
   // thread), and the combine kernel (or the forward's in-kernel merge) writes out and lse.

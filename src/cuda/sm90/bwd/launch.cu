@@ -96,8 +96,8 @@ int det_chains(const char* call, const detail::Problem& p) {
 //     (red.global.add.v4.f32) instead of staging it for the dQ writer's bulk reduce-add; 0: staged. Deterministic
 //     mode and the pair keep the writer.
 //   FA4_BWD_DET_TWO_BUFFERS (default 1): deterministic key-split rows with two staging buffers per warpgroup in
-//     their tile (BwdTile::det_staging_buffers: d = 128; d = 64 too in B27's build) stage in both, one per dQ writer, without the CTA pair
-//     (perf-log B23); 0: one buffer, as the other rows.
+//     their tile (BwdTile::det_staging_buffers: d = 128; d = 64 too in B27's build) stage in both, one per dQ
+//     writer, without the CTA pair (perf-log B23); 0: one buffer, as the other rows.
 //   FA4_BWD_DET_REGISTER_ADDS (default: the row's BwdTile::det_register_adds_unmasked when nothing is masked, so on
 //     at d = 128 without causal or a window; perf-log B24): deterministic key-split rows without the CTA pair add
 //     each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers, always on
