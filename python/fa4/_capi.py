@@ -79,14 +79,16 @@ class Varlen(ctypes.Structure):
 
 
 class KvCache(ctypes.Structure):
-    """fa4_kvcache: a KV cache's metadata (host int32 arrays) and the keys/values to append (or NULL)."""
+    """fa4_kvcache: a KV cache's metadata (int32 arrays) and the keys/values to append (or NULL). k_new and v_new
+    are packed fa4_tensors (tensor() below), pointed at in place: the structure keeps the bytes alive, and no
+    Tensor structure is built per call (issue 12's host cost)."""
 
     _fields_ = [
         ("cache_seqlens", ctypes.c_void_p),
         ("page_table", ctypes.c_void_p),
         ("max_pages", ctypes.c_int64),
-        ("k_new", ctypes.POINTER(Tensor)),
-        ("v_new", ctypes.POINTER(Tensor)),
+        ("k_new", ctypes.c_char_p),  # const fa4_tensor*
+        ("v_new", ctypes.c_char_p),
     ]
 
 

@@ -6,7 +6,6 @@ capture works: nothing here synchronizes, and outputs and workspaces come from t
 Whether a call can run is the library's decision alone: its refusals arrive as fa4.UnsupportedError."""
 
 import contextlib
-import ctypes
 from typing import Optional
 
 import torch
@@ -139,6 +138,11 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, learnable_sink: 
 
 
 forward_op = torch.library.custom_op("fa4::forward", mutates_args=(), device_types=("cpu", "cuda"))(_forward)
+
+
+# torch.autograd.graph.increment_version's own call, without its Python wrapper (host cost); the public one is the
+# fallback.
+_increment_version = getattr(torch._C, "_increment_version", torch.autograd.graph.increment_version)
 
 
 def _plain_call(tensors):
@@ -414,27 +418,27 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     library then writes none). With k_new and v_new, writes them into k_cache and v_cache (in place) first."""
     call = "fa4.flash_attn_with_kvcache"
     q = _unit_head_dim_stride(q)
-    k_new, v_new = (None if t is None else _unit_head_dim_stride(t) for t in (k_new, v_new))
+    rows = q.shape[0]
     if cache_seqlens is not None:
-        _int32_metadata(call, "cache_seqlens", cache_seqlens, q, 1, q.shape[0])
+        _int32_metadata(call, "cache_seqlens", cache_seqlens, q, 1, rows)
     if page_table is not None:
-        _int32_metadata(call, "page_table", page_table, q, 2, q.shape[0])
+        _int32_metadata(call, "page_table", page_table, q, 2, rows)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device) if need_lse else None
     # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
     # non-unit head_dim stride).
-    inputs = [describe(call, name, t) for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache))]
-    new = [None if t is None else describe(call, name, t) for name, t in (("k", k_new), ("v", v_new))]
-    kvcache = _capi.KvCache(cache_seqlens=None if cache_seqlens is None else cache_seqlens.data_ptr(),
-                            page_table=None if page_table is None else page_table.data_ptr(),
-                            max_pages=0 if page_table is None else page_table.shape[1],
-                            k_new=None if new[0] is None else ctypes.pointer(_capi.tensor_struct(new[0])),
-                            v_new=None if new[1] is None else ctypes.pointer(_capi.tensor_struct(new[1])))
+    q_d, k_cache_d, v_cache_d = describe(call, "q", q), describe(call, "k_cache", k_cache), describe(call, "v_cache",
+                                                                                                    v_cache)
+    kvcache = _capi.KvCache(None if cache_seqlens is None else cache_seqlens.data_ptr(),
+                            None if page_table is None else page_table.data_ptr(),
+                            0 if page_table is None else page_table.shape[1],
+                            None if k_new is None else describe(call, "k", _unit_head_dim_stride(k_new)),
+                            None if v_new is None else describe(call, "v", _unit_head_dim_stride(v_new)))
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
                             sinks=_sinks(call, learnable_sink), num_splits=num_splits)
     with _device_guard(q):
-        _capi.forward_kvcache(*inputs, describe(call, "out", out), None if lse is None else describe(call, "lse", lse),
-                              kvcache, options, None, 0, _stream(q))
+        _capi.forward_kvcache(q_d, k_cache_d, v_cache_d, describe(call, "out", out),
+                              None if lse is None else describe(call, "lse", lse), kvcache, options, None, 0, _stream(q))
     return out, lse
 
 
@@ -505,7 +509,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         # caches' version counters are bumped here instead, as the op would after writing them.
         out, lse = _forward_kvcache_impl(*args, need_lse=bool(return_softmax_lse))
         if k is not None:
-            torch.autograd.graph.increment_version((k_cache, v_cache))
+            _increment_version((k_cache, v_cache))
     else:
         out, lse = forward_kvcache_op(*args)
     return (out, lse) if return_softmax_lse else out
