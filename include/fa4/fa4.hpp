@@ -163,9 +163,12 @@ std::size_t workspace_size_varlen(Pass pass, const Tensor& q, const Tensor& k, c
 // ([batch, seqlen_new, heads_kv, head_dim]) are given: those are first written into the cache (in place) at
 // positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1, then attended to with the rest. Every
 // option of the dense forward applies per sequence over its keys (causal is bottom-right: a decode query sees
-// every key); num_splits splits each sequence's keys. The metadata are host int32 arrays, checked entry by
-// entry before anything is written. This version runs on the CPU backend (CUDA tensors are refused, by
-// supports_kvcache too).
+// every key); num_splits splits each sequence's keys. On CPU tensors the metadata are host int32 arrays, checked
+// entry by entry before anything is written; on CUDA tensors (sm_90a) they are device arrays, trusted as
+// FlashAttention does (Options::validate_device_metadata checks every entry on a host copy first), the cache is
+// read in place, and the call is asynchronous on `stream`; its workspace is workspace_size(Pass::forward, q, keys,
+// keys, options) with `keys` any [batch, capacity, heads_kv, head_dim] descriptor of the cache's dtype and device
+// (capacity: seqlen_cache, or max_pages * page_size), none given: stream-ordered memory.
 struct KvCache {
   const int32_t* cache_seqlens = nullptr;  // [batch]: keys already cached per sequence; nullptr: every cache full
   const int32_t* page_table = nullptr;     // [batch, max_pages], row-major; nullptr: a contiguous cache

@@ -5,7 +5,7 @@
 // CUDA tensors: the metadata (cache_seqlens, page_table) live on the device and are trusted, as FlashAttention
 // does; everything the host can see is checked (shapes, dtypes, devices, layouts, that the append fits the
 // capacity, the options against q and a [batch, capacity] view of the keys), then the sm_90a path appends and
-// attends in two launches, reading the pages in place.
+// attends, reading the pages in place (a copy kernel appends first, unless the decode kernel does: perf-log F33).
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -218,8 +218,9 @@ void check_outputs(const char* call, const Tensor& q, const Tensor& kc, const Te
   }
   detail::check_no_self_overlap(call, "out", out);
   if (lse) detail::check_no_self_overlap(call, "lse", *lse), detail::check_disjoint(call, "lse", *lse, "out", out);
-  if (kv.k_new) {  // the append writes the caches: they must not meet what it reads, nor each other
+  if (kv.k_new) {  // the append writes the caches: they must not meet what it reads, nor each other, nor themselves
     detail::check_disjoint(call, "v_cache", vc, "k_cache", kc);
+    detail::check_no_self_overlap(call, "k_cache", kc), detail::check_no_self_overlap(call, "v_cache", vc);
     for (const auto& [cache_name, cache] : {std::pair{"k_cache", &kc}, {"v_cache", &vc}})
       for (const auto& [name, t] : {std::pair{"q", &q}, {"kvcache.k_new", kv.k_new}, {"kvcache.v_new", kv.v_new}})
         detail::check_disjoint(call, cache_name, *cache, name, *t);

@@ -414,6 +414,13 @@ TEST(KvCache, BadArgumentsAreRefusedByNameAndWriteNothing) {
   Options bad_window;
   bad_window.causal = true, bad_window.window_right = 4;
   expect(why(good, bad_window), "'options.window_right'");
+  // A cache that is appended to may not share memory with itself (its slots would be two keys at once).
+  Tensor k_folded = c.k_cache.desc();
+  k_folded.stride[0] = 0;
+  expect(refusal([&] {
+           fa4::forward_kvcache(c.q.desc(), k_folded, c.v_cache.desc(), c.out.desc(), nullptr, good);
+         }),
+         "argument 'k_cache': expected strides under which no two elements share memory");
   EXPECT_EQ(c.k_cache.storage(), before) << "a refused call must not append";
 
   // Page sizes: a multiple of 16.

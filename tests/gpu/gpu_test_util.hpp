@@ -162,4 +162,29 @@ void for_each_sweep_case(fa4::DType dtype, int head_dim, const Shape (&shapes)[N
 
 using fa4::testing::EnvOverride;  // testing/env.hpp
 
+// Kernel nodes of what call(stream) enqueues on a fresh stream under CUDA-graph capture (nothing runs), into
+// *kernels: how many launches a library call makes. `call` reports its own errors (a throw would leave the capture
+// open).
+template <class Call>
+void captured_kernels(Call&& call, size_t* kernels) {
+  *kernels = 0;
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph = nullptr;
+  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  call(reinterpret_cast<fa4::Stream>(stream));
+  CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  size_t count = 0;
+  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
+  std::vector<cudaGraphNode_t> nodes(count);
+  CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &count));
+  for (cudaGraphNode_t n : nodes) {
+    cudaGraphNodeType type{};
+    CUDA_OK(cudaGraphNodeGetType(n, &type));
+    *kernels += type == cudaGraphNodeTypeKernel;
+  }
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 
 #include "api/validate.hpp"
 #include "cpu/reference.hpp"
+#include "cuda/sm90/decode.hpp"
 #include "fa4/fa4.hpp"
 #include "gpu_test_util.hpp"
 #include "testing/tensors.hpp"
@@ -39,11 +41,17 @@ struct CacheCase {
   int64_t capacity = 0;         // keys a sequence's cache holds (a multiple of page_size when paged)
   Options options;
   uint64_t seed = 1;
+  int64_t k_new_pad_rows = 0;  // k_new a view of [batch, seqlen_new + this, ...]: strides unlike v_new's
+  int64_t v_new_pad_rows = 0;  // the same for v_new (both padded alike: one set of strides, not packed)
+  size_t expect_kernels = 0;   // > 0: the call's launches, counted in a captured copy of it
+  bool caller_workspace = false;  // sized as fa4.hpp's KvCache says, NaN-poisoned; else none (stream-ordered)
   std::string name() const {
     std::string s = std::string(fa4::to_string(dtype)) + " d" + std::to_string(head_dim) + " h" +
                     std::to_string(heads_q) + "/" + std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) +
                     (page_size ? " page" + std::to_string(page_size) : std::string(" contiguous")) + " cap" +
-                    std::to_string(capacity) + " new" + std::to_string(seqlen_new) + " cached";
+                    std::to_string(capacity) + " new" + std::to_string(seqlen_new) +
+                    (k_new_pad_rows ? " k_new+" + std::to_string(k_new_pad_rows) + "rows" : std::string()) +
+                    (v_new_pad_rows ? " v_new+" + std::to_string(v_new_pad_rows) + "rows" : std::string()) + " cached";
     for (int32_t c : cached) s += " " + std::to_string(c);
     if (options.causal) s += " causal";
     if (options.num_splits != 0) s += " splits" + std::to_string(options.num_splits);
@@ -77,8 +85,8 @@ std::vector<uint16_t> check_kvcache(const CacheCase& c) {
       paged ? std::array<int64_t, 4>{num_pages, c.page_size, hk, d} : std::array<int64_t, 4>{batch, c.capacity, hk, d};
   auto q = HostTensor::make(c.dtype, {batch, c.seqlen_q, c.heads_q, d});
   auto kc = HostTensor::make(c.dtype, cache_shape), vc = HostTensor::make(c.dtype, cache_shape);
-  auto kn = HostTensor::make(c.dtype, {batch, std::max<int64_t>(c.seqlen_new, 1), hk, d});
-  auto vn = HostTensor::make(c.dtype, {batch, std::max<int64_t>(c.seqlen_new, 1), hk, d});
+  auto kn = HostTensor::make(c.dtype, {batch, std::max<int64_t>(c.seqlen_new, 1) + c.k_new_pad_rows, hk, d});
+  auto vn = HostTensor::make(c.dtype, {batch, std::max<int64_t>(c.seqlen_new, 1) + c.v_new_pad_rows, hk, d});
   q.fill_normal(c.seed * 5 + 1), kc.fill_normal(c.seed * 5 + 2), vc.fill_normal(c.seed * 5 + 3);
   kn.fill_normal(c.seed * 5 + 4), vn.fill_normal(c.seed * 5 + 5);
   // Key j of sequence b: its row in the cache image.
@@ -126,8 +134,19 @@ std::vector<uint16_t> check_kvcache(const CacheCase& c) {
   Tensor d_kn_desc = d_kn.desc(), d_vn_desc = d_vn.desc();
   d_kn_desc.shape[1] = d_vn_desc.shape[1] = c.seqlen_new;
   if (c.seqlen_new > 0) kv.k_new = &d_kn_desc, kv.v_new = &d_vn_desc;
+  fa4::Workspace workspace;
+  void* ws = nullptr;
+  if (c.caller_workspace) {  // the forward's, of q against a [batch, capacity, heads_kv, head_dim] view of the cache
+    Tensor keys = Tensor::contiguous(d_kc.desc().data, c.dtype, fa4::Device::cuda, {batch, c.capacity, hk, d});
+    keys.device_index = d_kc.desc().device_index;
+    const size_t bytes = fa4::workspace_size(fa4::Pass::forward, d_q.desc(), keys, keys, c.options);
+    EXPECT_EQ(cudaMalloc(&ws, std::max<size_t>(bytes, 1)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(ws, 0xFF, std::max<size_t>(bytes, 1)), cudaSuccess);
+    workspace = {ws, bytes};
+  }
+  const std::unique_ptr<void, cudaError_t (*)(void*)> ws_owner(ws, cudaFree);
   try {
-    fa4::forward_kvcache(d_q.desc(), d_kc.desc(), d_vc.desc(), d_out.desc(), &d_lse.desc(), kv, c.options);
+    fa4::forward_kvcache(d_q.desc(), d_kc.desc(), d_vc.desc(), d_out.desc(), &d_lse.desc(), kv, c.options, workspace);
   } catch (const fa4::Error& e) {
     ADD_FAILURE() << "threw: " << e.what();
     return {};
@@ -137,6 +156,20 @@ std::vector<uint16_t> check_kvcache(const CacheCase& c) {
     return {};
   }
   d_out.copy_back(out), d_lse.copy_back(lse);
+  if (c.expect_kernels > 0) {  // the same call again, captured (it would append the same keys at the same slots)
+    size_t kernels = 0;
+    captured_kernels(
+        [&](fa4::Stream stream) {
+          try {
+            fa4::forward_kvcache(d_q.desc(), d_kc.desc(), d_vc.desc(), d_out.desc(), &d_lse.desc(), kv, c.options,
+                                 workspace, stream);
+          } catch (const fa4::Error& e) {
+            ADD_FAILURE() << "threw under capture: " << e.what();
+          }
+        },
+        &kernels);
+    EXPECT_EQ(kernels, c.expect_kernels) << "kernels launched by the call";
+  }
   HostTensor kc_gpu = clone(kc), vc_gpu = clone(vc);
   d_kc.copy_back(kc_gpu), d_vc.copy_back(vc_gpu);
   EXPECT_EQ(std::memcmp(elems(kc_gpu), elems(kc_host), size_t(kc.numel()) * 2), 0) << "k_cache after the append";
@@ -246,6 +279,58 @@ TEST(GpuKvCacheSm90, DecodeKernelContiguousAndPaged) {
   }
   EXPECT_EQ(differing, cases) << "calls whose out is the forward kernel's bit for bit: is FA4_FWD_DECODE_KERNEL "
                                  "reaching the decode kernel?";
+}
+
+// The decode kernel's own append (perf-log F33; FA4_FWD_DECODE_APPEND): new keys read from k_new / v_new and written
+// into their slots by the CTA whose range holds them, in one launch (with one range; the combine after several).
+// Appends of 1 key, of keys across two chunks and across ranges, at page boundaries, into a contiguous cache and
+// pages of 16 and 64 rows; k_new and v_new packed, or padded alike (one set of strides), or a k_new whose strides
+// are not v_new's, which takes the append kernel (one launch more). Its out is the append kernel's bit for bit (the
+// kernel reads the same rows, only from elsewhere). In a build whose decode kernel does not append (kDecodeAppends:
+// the A/B define off, or the per-warp rings), every call takes the append kernel and FA4_FWD_DECODE_APPEND=1 is
+// refused by name.
+TEST(GpuKvCacheSm90, DecodeKernelAppendsItsNewKeys) {
+  REQUIRE_SM90();
+  const EnvOverride decode("FA4_FWD_DECODE_KERNEL", "2");
+  if (!fa4::sm90::kDecodeAppends) {
+    auto q = HostTensor::make(DType::bf16, {1, 1, 2, 64}), kc = HostTensor::make(DType::bf16, {1, 64, 1, 64});
+    auto kn = HostTensor::make(DType::bf16, {1, 1, 1, 64});
+    q.fill_normal(1), kc.fill_normal(2), kn.fill_normal(3);
+    DeviceCopy d_q(q, size_t(q.numel())), d_kc(kc, size_t(kc.numel())), d_vc(kc, size_t(kc.numel())),
+        d_kn(kn, size_t(kn.numel())), d_out(q, size_t(q.numel()));
+    const DeviceInts d_lens(std::vector<int32_t>{5});
+    fa4::KvCache kv;
+    kv.cache_seqlens = d_lens.ptr, kv.k_new = &d_kn.desc(), kv.v_new = &d_kn.desc();
+    const EnvOverride on("FA4_FWD_DECODE_APPEND", "1");
+    try {
+      fa4::forward_kvcache(d_q.desc(), d_kc.desc(), d_vc.desc(), d_out.desc(), nullptr, kv);
+      ADD_FAILURE() << "FA4_FWD_DECODE_APPEND=1 accepted by a build whose decode kernel does not append";
+    } catch (const fa4::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("FA4_FWD_DECODE_APPEND"), std::string::npos) << e.what();
+    }
+  }
+  uint64_t seed = 1500;
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false)) {
+    if (head_dim > 128) continue;
+    for (int64_t page : {0, 16, 64})
+      for (const auto& [seqlen_new, splits] : {std::pair{1, 1}, {5, 3}, {70, 1}, {130, 4}})
+        for (const auto& [k_pad, v_pad] : {std::pair{0, 0}, {3, 3}, {2, 0}}) {
+          CacheCase c;
+          c.dtype = dtype, c.head_dim = head_dim, c.page_size = page, c.seed = ++seed;
+          c.heads_q = 8, c.heads_kv = 2, c.capacity = page ? page * 40 : 640;
+          c.seqlen_new = seqlen_new, c.k_new_pad_rows = k_pad, c.v_new_pad_rows = v_pad;
+          // New keys from the first slot, across a page's or a chunk's end (63, 127), and ending the cache.
+          c.cached = {0, 63, 127, int32_t(c.capacity - seqlen_new)};
+          c.options.causal = true, c.options.num_splits = splits;
+          c.caller_workspace = k_pad > 0;
+          const bool fused = fa4::sm90::kDecodeAppends && k_pad == v_pad;  // not in the per-warp rings' build
+          c.expect_kernels = (fused ? 1 : 2) + (splits > 1 ? 1 : 0);
+          const std::vector<uint16_t> out = check_kvcache(c);
+          const EnvOverride off("FA4_FWD_DECODE_APPEND", "0");
+          c.expect_kernels = 2 + (splits > 1 ? 1 : 0);
+          EXPECT_TRUE(check_kvcache(c) == out) << c.name() << ": out unlike the append kernel's";
+        }
+  }
 }
 
 // Prefill over a paged cache on every tile row of the head dims whose K/V tiles span several 64-column chunks

@@ -312,7 +312,6 @@ TEST(GpuSplitKvSm90, SplitRunsAreBitwiseRepeatable) {
 // Kernel launches of one forward call of c (caller's workspace, so no allocation nodes): its CUDA-graph capture's
 // kernel nodes, into *kernels.
 void kernels_in_forward(const SplitCase& c, size_t* kernels) {
-  *kernels = 0;
   fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
   auto out = HostTensor::make(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim});
   DeviceCopy d_q(in.q, size_t(in.q.numel())), d_k(in.k, size_t(in.kv_storage_elems)),
@@ -320,28 +319,15 @@ void kernels_in_forward(const SplitCase& c, size_t* kernels) {
   const size_t bytes = fa4::workspace_size(fa4::Pass::forward, d_q.desc(), d_k.desc(), d_v.desc(), c.options);
   void* ws = nullptr;
   if (bytes > 0) CUDA_OK(cudaMalloc(&ws, bytes));
-  cudaStream_t stream = nullptr;
-  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  try {
-    fa4::forward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), nullptr, c.options, {ws, bytes},
-                 reinterpret_cast<fa4::Stream>(stream));
-  } catch (const fa4::Error& e) {
-    ADD_FAILURE() << c.name() << ": fa4::forward threw under capture: " << e.what();
-  }
-  CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  size_t count = 0;
-  CUDA_OK(cudaGraphGetNodes(graph, nullptr, &count));
-  std::vector<cudaGraphNode_t> nodes(count);
-  CUDA_OK(cudaGraphGetNodes(graph, nodes.data(), &count));
-  for (cudaGraphNode_t n : nodes) {
-    cudaGraphNodeType type{};
-    CUDA_OK(cudaGraphNodeGetType(n, &type));
-    *kernels += type == cudaGraphNodeTypeKernel;
-  }
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
+  captured_kernels(
+      [&](fa4::Stream stream) {
+        try {
+          fa4::forward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), nullptr, c.options, {ws, bytes}, stream);
+        } catch (const fa4::Error& e) {
+          ADD_FAILURE() << c.name() << ": fa4::forward threw under capture: " << e.what();
+        }
+      },
+      kernels);
   cudaFree(ws);
 }
 

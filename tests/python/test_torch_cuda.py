@@ -611,7 +611,7 @@ def test_varlen_backward_under_compile_and_in_a_cuda_graph(causal):
 @pytest.mark.parametrize("page_size", [0, 16, 64], ids=["contiguous", "page16", "page64"])
 @pytest.mark.parametrize("num_splits", [0, 1, 4])
 def test_kvcache_decode_on_cuda_matches_the_cpu_backend(page_size, num_splits):
-    """flash_attn_with_kvcache on CUDA (the sm_90a kernels reading the pages in place, appending k/v first) against
+    """flash_attn_with_kvcache on CUDA (the sm_90a kernels reading the pages in place and appending k/v) against
     the same call on the CPU backend: the caches after the append bit for bit, out and lse within the bf16 rule's
     reach of each other. Slots and pages no sequence uses are NaN; they must not reach any output."""
     require_kernels(torch.bfloat16)

@@ -123,6 +123,12 @@ KvCacheDevice::KvCacheDevice(const KvCacheInputs& inputs)
   table->upload(inputs.table.data(), inputs.table.size() * sizeof(int32_t));
 }
 
+size_t KvCacheDevice::workspace_bytes(const Options& opts) const {
+  Tensor keys = Tensor::contiguous(kc->desc().data, in.dtype, Device::cuda, {in.batch, in.capacity, in.hk, in.d});
+  keys.device_index = kc->desc().device_index;
+  return workspace_size(Pass::forward, q->desc(), keys, keys, opts);
+}
+
 KvCache KvCacheDevice::kv() const {
   KvCache kv = in.host_kv();
   kv.cache_seqlens = static_cast<const int32_t*>(lens->data());

@@ -48,9 +48,12 @@ struct KvCacheDevice {
 
   KvCache kv() const;  // the call's metadata, on the device
   Support supports(const Options& opts) const { return supports_kvcache(q->desc(), kc->desc(), vc->desc(), kv(), opts); }
-  void call(const Options& opts) const {
-    forward_kvcache(q->desc(), kc->desc(), vc->desc(), out->desc(), nullptr, kv(), opts);
+  void call(const Options& opts, Workspace workspace = {}) const {
+    forward_kvcache(q->desc(), kc->desc(), vc->desc(), out->desc(), nullptr, kv(), opts, workspace);
   }
+  // Bytes of workspace the call needs, asked as fa4.hpp's KvCache says: the forward's, of q against a [batch,
+  // capacity, heads_kv, head_dim] view of the cache.
+  size_t workspace_bytes(const Options& opts) const;
 
   const KvCacheInputs& in;
   std::unique_ptr<gpu::Mirror> q, kc, vc, kn, vn, out;

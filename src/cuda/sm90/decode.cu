@@ -5,10 +5,15 @@
 // keeps its own online softmax over its 16 keys of every chunk (S = Q·Kᵀ and O += P·V on mma.sync m16n8k16, P
 // from the S registers, V through ldmatrix.trans), with the forward's numerics (num::ScoreTransform, the
 // conditional rescale, finalize_row); at the end the four (m, l, O) merge through shared memory and the CTA
-// writes its rows: O and LSE, or with splits the range's O / l and LSE for the combine kernel.
+// writes its rows: O and LSE, or with splits the range's O / l and LSE for the combine kernel. A KV-cache call's new
+// keys (DecodeParams::k_new) are read from k_new / v_new, and written into their cache slots by the CTA whose range
+// holds them (perf-log F33).
 #include "cuda/sm90/decode.hpp"
 
 #include <cuda_pipeline.h>
+
+#include <cstdint>
+#include <type_traits>
 
 #include "cuda/ptx/mma_sync.cuh"
 #include "cuda/sm90/quad.cuh"
@@ -24,7 +29,7 @@ constexpr int kKeysPerWarp = 16;  // one k-step of P·V
 constexpr int kChunkKeys = kDecodeChunkKeys;
 static_assert(kChunkKeys == kKeysPerWarp * kDecodeWarps, "a chunk is every warp's k-step");
 // kDecodeStages (decode.hpp): two chunks in flight per CTA, 68 KiB of shared memory at d = 128, so three CTAs fit
-// an SM, their registers too (ptxas: 166 at d = 128, 96 at d = 64; 3 × 4 warps × 168 × 32 ≤ 64K; the GPU test
+// an SM, their registers too (ptxas: 168 at d = 128, 125 at d = 64; 3 × 4 warps × 168 × 32 ≤ 64K; the GPU test
 // DecodeKernelHoldsItsCtasPerSm asks the occupancy API, as a __launch_bounds__ minimum would change the code).
 // Four stages (136 KiB) left one warp per scheduler, and the kernel is issue-bound (4.4 cycles per instruction;
 // perf-log F27).
@@ -62,7 +67,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   const int kv_head = int(blockIdx.x / uint32_t(p.num_splits) % uint32_t(p.heads_kv));
   const int b = int(blockIdx.x / uint32_t(p.num_splits * p.heads_kv));
   // As the forward (kernel_fwd.cu): the next kernel (the combine) may become resident; nothing global is touched
-  // before the previous one (the KV-cache append) is done.
+  // before the previous one (whatever wrote q, the cache or k_new; the append kernel where it runs) is done.
   if (threadIdx.x == 0) cudaTriggerProgrammaticLaunchCompletion();
   cudaGridDependencySynchronize();
 
@@ -112,29 +117,74 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
       if (row >= page_size) row -= page_size, ++page;
     }
   };
+  // A KV-cache call's new keys, when this kernel appends them (DecodeParams::k_new): the first one's index, else
+  // past every key. Their cache slots are not read: their chunk copies them from k_new / v_new.
+  const int32_t new_begin = kDecodeAppends && p.k_new != nullptr ? n_keys - p.seqlen_k_added : INT32_MAX;
   // Chunk `chunk` of K and V into stage `stage` (one commit group, empty past the range).
   auto issue = [&](int32_t chunk, int stage, const ChunkPages& cp) {
     if (chunk < c_end) {
       uint8_t* const k_tile = smem + stage * L::kStageBytes + r0 * L::kRowBytes + seg * 16;
       uint8_t* const v_tile = k_tile + L::kTileBytes;
       const int32_t j = chunk * kChunkKeys + r0;
-      int32_t row = cp.first_row;  // with pages
+      // has_new: a chunk that may hold new keys takes their rows from k_new / v_new (a branch per chunk, so the
+      // other chunks' copies cost what they did).
+      auto copies = [&](auto has_new) {
+        int32_t row = cp.first_row;  // with pages
 #pragma unroll
-      for (int i = 0; i < L::kCopiesPerThread; ++i) {
-        const bool inside = j + i * kRowStep < n_keys;
-        const int64_t offset =
-            head_offset + (p.page_table != nullptr
-                               ? int64_t(cp.page[i]) * p.kv_stride_b + int64_t(inside ? row : last_row) * p.kv_stride_s
-                               : batch_offset + int64_t(inside ? j + i * kRowStep : last) * p.kv_stride_s);
-        __pipeline_memcpy_async(k_tile + i * kRowStep * L::kRowBytes, static_cast<const uint16_t*>(p.k) + offset, 16,
-                                inside ? 0 : 16);
-        __pipeline_memcpy_async(v_tile + i * kRowStep * L::kRowBytes, static_cast<const uint16_t*>(p.v) + offset, 16,
-                                inside ? 0 : 16);
-        row += kRowStep;
-        if (row >= page_size) row -= page_size;
-      }
+        for (int i = 0; i < L::kCopiesPerThread; ++i) {
+          const bool inside = j + i * kRowStep < n_keys;
+          const int64_t offset =
+              head_offset + (p.page_table != nullptr
+                                 ? int64_t(cp.page[i]) * p.kv_stride_b + int64_t(inside ? row : last_row) * p.kv_stride_s
+                                 : batch_offset + int64_t(inside ? j + i * kRowStep : last) * p.kv_stride_s);
+          if constexpr (decltype(has_new)::value) {
+            const int32_t key = j + i * kRowStep;
+            const uint16_t* k_src = static_cast<const uint16_t*>(p.k) + offset;
+            const uint16_t* v_src = static_cast<const uint16_t*>(p.v) + offset;
+            if (inside && key >= new_begin) {
+              const int64_t fresh = int64_t(b) * p.new_stride_b + int64_t(key - new_begin) * p.new_stride_s +
+                                    int64_t(kv_head) * p.new_stride_h + seg * 8;
+              k_src = static_cast<const uint16_t*>(p.k_new) + fresh, v_src = static_cast<const uint16_t*>(p.v_new) + fresh;
+            }
+            __pipeline_memcpy_async(k_tile + i * kRowStep * L::kRowBytes, k_src, 16, inside ? 0 : 16);
+            __pipeline_memcpy_async(v_tile + i * kRowStep * L::kRowBytes, v_src, 16, inside ? 0 : 16);
+          } else {
+            __pipeline_memcpy_async(k_tile + i * kRowStep * L::kRowBytes, static_cast<const uint16_t*>(p.k) + offset,
+                                    16, inside ? 0 : 16);
+            __pipeline_memcpy_async(v_tile + i * kRowStep * L::kRowBytes, static_cast<const uint16_t*>(p.v) + offset,
+                                    16, inside ? 0 : 16);
+          }
+          row += kRowStep;
+          if (row >= page_size) row -= page_size;
+        }
+      };
+      if (kDecodeAppends && chunk * kChunkKeys + kChunkKeys > new_begin)
+        copies(std::integral_constant<bool, kDecodeAppends>{});
+      else
+        copies(std::false_type{});
     }
     __pipeline_commit();
+  };
+  // The append (F33): chunk `chunk`'s new keys, landed in stage `stage`, into their cache slots. Each (key, kv head)
+  // is written by the one CTA whose range holds the key, and no CTA of the call reads that slot (the CTA itself
+  // read the key from k_new; another sequence may not read a slot this call appends to: kvcache.cpp's contract).
+  // The next kernel in the stream sees the writes (its grid-dependency wait is for this grid's completion).
+  auto append_rows = [&](int32_t chunk, int stage) {
+    const int32_t first = max(new_begin - chunk * kChunkKeys, 0), end = min(n_keys - chunk * kChunkKeys, kChunkKeys);
+    for (int at = int(threadIdx.x) + first * L::kSegments; at < end * L::kSegments; at += kDecodeThreads) {
+      const int r = at / L::kSegments, segment = at % L::kSegments;
+      const int32_t key = chunk * kChunkKeys + r;
+      const int64_t slot = (p.page_table != nullptr ? int64_t(pages_of_b[key / page_size]) * p.kv_stride_b +
+                                                          int64_t(key % page_size) * p.kv_stride_s
+                                                    : batch_offset + int64_t(key) * p.kv_stride_s) +
+                           int64_t(kv_head) * p.kv_stride_h + segment * 8;
+      const uint8_t* const k_row = smem + stage * L::kStageBytes + r * L::kRowBytes + segment * 16;
+      // k and v are the caches here (DecodeParams::k_new): the call's own tensors, written in place.
+      *reinterpret_cast<uint4*>(const_cast<uint16_t*>(static_cast<const uint16_t*>(p.k)) + slot) =
+          *reinterpret_cast<const uint4*>(k_row);
+      *reinterpret_cast<uint4*>(const_cast<uint16_t*>(static_cast<const uint16_t*>(p.v)) + slot) =
+          *reinterpret_cast<const uint4*>(k_row + L::kTileBytes);
+    }
   };
   {
     ChunkPages first[kDecodeStages - 1] = {};  // the prologue's pages: one round trip for all of them
@@ -174,6 +224,8 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
 #else
     __syncthreads();  // and everyone's
 #endif
+    if constexpr (kDecodeAppends)
+      if (chunk * kChunkKeys + kChunkKeys > new_begin) append_rows(chunk, i % kDecodeStages);  // CTA-uniform
     const uint8_t* const k_rows = smem + (i % kDecodeStages) * L::kStageBytes + warp * kKeysPerWarp * L::kRowBytes;
     const uint8_t* const v_rows = k_rows + L::kTileBytes;
 

@@ -29,6 +29,13 @@ inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per w
 inline constexpr int kDecodeStages = FA4_AB_DECODE_STAGES;
 inline constexpr int kDecodeCtasPerSm = kDecodeStages == 2 ? 3 : kDecodeStages == 3 ? 2 : 1;
 inline constexpr int64_t kDecodeMaxRangeKeys = 1024;  // the default's longest range (launch.cu; FA4_FWD_DECODE_KERNEL)
+// Whether the kernel can append a KV-cache call's new keys itself (DecodeParams::k_new; perf-log F33): an A/B
+// define until measured (FA4_AB_DECODE_APPEND=1 in a build's CUDA flags; off, the kernel's code is main's). Not
+// with the per-warp rings (F28b): the copy of a chunk's new rows into the cache reads rows other warps loaded.
+#ifndef FA4_AB_DECODE_APPEND
+#define FA4_AB_DECODE_APPEND 0
+#endif
+inline constexpr bool kDecodeAppends = FA4_AB_DECODE_APPEND && !FA4_AB_DECODE_WARP_RINGS;
 
 struct DecodeParams {
   // q, out [batch, 1, heads_q, head_dim]: element strides of batch and head (head_dim contiguous, pairs aligned).
@@ -56,6 +63,13 @@ struct DecodeParams {
   // layout, split_combine.hpp) instead of out and lse.
   float* o_partial = nullptr;
   float* lse_partial = nullptr;
+  // A KV-cache call's append (last: the fields above keep their offsets), done by this kernel (perf-log F33; null: nothing to append, or the append kernel ran
+  // first): keys seqused_k[b] .. seqused_k[b] + seqlen_k_added - 1 of sequence b are read from k_new / v_new
+  // [batch, seqlen_k_added, heads_kv, head_dim] (one set of element strides, rows 16-byte aligned), and the CTA whose
+  // range holds such a key writes it into its slot of k and v (which are then the caches the call appends to).
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t new_stride_b = 0, new_stride_s = 0, new_stride_h = 0;
 };
 
 // Whether the decode kernel is compiled for (dtype, head_dim).

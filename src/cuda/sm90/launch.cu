@@ -336,11 +336,15 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     (decode.cu) instead of the forward kernel's decode row where its key ranges are short (1: at most
 //     kDecodeMaxRangeKeys keys each), or always (2), or never (0); its ranges are merged by the combine kernel,
 //     whatever FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's).
+//   FA4_FWD_DECODE_APPEND (perf-log F33; default 1 where the build's decode kernel appends, kDecodeAppends, and
+//     refused as 1 where it does not): a KV-cache call on the decode kernel appends its new keys in that kernel
+//     (decode_kernel_appends); 0 launches the append kernel before it, as the forward kernel's calls do.
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
   enum class DecodeKernel { never, short_ranges, always } decode_kernel = DecodeKernel::short_ranges;
+  bool decode_append = kDecodeAppends;  // the decode kernel appends a KV-cache call's new keys (decode_kernel_appends)
 };
 FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
   const char* env = std::getenv("FA4_FWD_DECODE_KERNEL");
@@ -351,9 +355,19 @@ FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
   throw Error(Status::invalid_argument,
               std::string(call) + ": environment FA4_FWD_DECODE_KERNEL: expected 0, 1 or 2, got '" + value + "'");
 }
+bool decode_append_switch(const char* call) {
+  const bool on = env_switch(call, "FA4_FWD_DECODE_APPEND", kDecodeAppends);
+  if (on && !kDecodeAppends)
+    throw Error(Status::invalid_argument, std::string(call) + ": environment FA4_FWD_DECODE_APPEND: expected 0 or "
+                                                              "unset in this build (its decode kernel does not append: "
+                                                              "built without -DFA4_AB_DECODE_APPEND=1, or with "
+                                                              "FA4_AB_DECODE_WARP_RINGS), got '1'");
+  return on;
+}
 FwdSwitches read_fwd_switches(const char* call) {
   return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
-          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), decode_kernel_switch(call)};
+          env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), decode_kernel_switch(call),
+          decode_append_switch(call)};
 }
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
@@ -465,24 +479,39 @@ SplitCombineParams combine_params(const detail::Problem& p, const FwdPlan& plan,
   return c;
 }
 
+// Rows of a [batch, seqlen, heads, head_dim] tensor the decode kernel can copy in 16-byte pieces.
+bool rows_16b(const Tensor& t) {
+  return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[kBatch] % 8 == 0 && t.stride[kSeq] % 8 == 0 &&
+         t.stride[kHeads] % 8 == 0;
+}
+// Whether k and v step alike through batch, seqlen and heads (the decode kernel's one set of strides); with
+// `used_dims_only`, the strides of dims of size 1 (never stepped) are left out.
+bool same_strides(const Tensor& k, const Tensor& v, bool used_dims_only = false) {
+  for (int dim : {kBatch, kSeq, kHeads})
+    if (k.stride[dim] != v.stride[dim] && !(used_dims_only && k.shape[dim] == 1)) return false;
+  return true;
+}
+
 // The decode kernel's calls (decode.hpp): one query per sequence, a group that fits its 16 rows, no left window
 // (with one query, causal and a right window hide no key), no sink and no exp2 emulation (it has neither), and
 // rows it can address: 16-byte K/V rows with one set of strides for both, 4-byte query pairs.
 bool decode_kernel_applies(const detail::Problem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
-  auto rows_16b = [](const Tensor& t) {
-    return reinterpret_cast<uintptr_t>(t.data) % 16 == 0 && t.stride[kBatch] % 8 == 0 && t.stride[kSeq] % 8 == 0 &&
-           t.stride[kHeads] % 8 == 0;
-  };
-  return decode_kernel_takes(p) && rows_16b(k) && rows_16b(v) && k.stride[kBatch] == v.stride[kBatch] &&
-         k.stride[kSeq] == v.stride[kSeq] && k.stride[kHeads] == v.stride[kHeads] &&
+  return decode_kernel_takes(p) && rows_16b(k) && rows_16b(v) && same_strides(k, v) &&
          reinterpret_cast<uintptr_t>(q.data) % 4 == 0 && q.stride[kBatch] % 2 == 0 && q.stride[kHeads] % 2 == 0;
 }
 
-// A call decode_kernel_applies to, on the decode kernel: the plan's split count (and so its workspace), the
-// KV-cache append first, the combine after a split.
-void run_decode(const char* call, const detail::Problem& p, const FwdPlan& plan, const Tensor& q, const Tensor& k,
-                const Tensor& v, const Tensor& out, const Tensor* lse, const KvCacheArgs* cache, Workspace workspace,
-                Stream stream) {
+// Whether the decode kernel appends a KV-cache call's new keys itself (DecodeParams::k_new; perf-log F33), one
+// launch less than the append kernel before it: rows it can copy as it copies the cache's.
+bool decode_kernel_appends(const FwdSwitches& switches, const KvCacheArgs& cache) {
+  return kDecodeAppends && switches.decode_append && cache.k_new != nullptr && cache.seqlen_new > 0 &&
+         rows_16b(*cache.k_new) && rows_16b(*cache.v_new) && same_strides(*cache.k_new, *cache.v_new, true);
+}
+
+// A call decode_kernel_applies to, on the decode kernel: the plan's split count (and so its workspace), a KV-cache
+// call's append (in the kernel where decode_kernel_appends, else the append kernel first), the combine after a split.
+void run_decode(const char* call, const FwdSwitches& switches, const detail::Problem& p, const FwdPlan& plan,
+                const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
+                const KvCacheArgs* cache, Workspace workspace, Stream stream) {
   const DeviceGuard device(call, q.device_index);
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
   DecodeParams d;
@@ -492,6 +521,12 @@ void run_decode(const char* call, const detail::Problem& p, const FwdPlan& plan,
   d.kv_stride_b = k.stride[kBatch], d.kv_stride_s = k.stride[kSeq], d.kv_stride_h = k.stride[kHeads];
   d.seqlen_k = int32_t(p.seqlen_k);
   if (cache != nullptr) set_cache_fields(*cache, d);
+  const bool appends = cache != nullptr && decode_kernel_appends(switches, *cache);
+  if (appends) {  // one set of strides (decode_kernel_appends)
+    d.k_new = cache->k_new->data, d.v_new = cache->v_new->data;
+    const auto& stride = cache->k_new->stride;
+    d.new_stride_b = stride[kBatch], d.new_stride_s = stride[kSeq], d.new_stride_h = stride[kHeads];
+  }
   d.batch = int32_t(p.batch), d.heads_kv = int32_t(p.heads_kv), d.group = int32_t(p.group());
   d.num_splits = plan.splits;
   d.score = num::ScoreTransform::make(p.scale, p.softcap);
@@ -507,7 +542,7 @@ void run_decode(const char* call, const detail::Problem& p, const FwdPlan& plan,
   } else if (lse != nullptr) {
     d.lse = static_cast<float*>(lse->data), d.lse_stride_b = lse->stride[0], d.lse_stride_h = lse->stride[1];
   }
-  if (cache != nullptr) append_new_keys(call, k, v, *cache, cu_stream);
+  if (cache != nullptr && !appends) append_new_keys(call, k, v, *cache, cu_stream);
   throw_if_cuda_error(call, launch_decode(p.dtype, int(p.head_dim), d, cu_stream), "sm_90a decode launch failed");
   if (plan.splits > 1)
     throw_if_cuda_error(call, launch_split_combine(p.dtype, combine_params(p, plan, partials, out, lse), cu_stream),
@@ -547,7 +582,7 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
       (short_ranges || switches.decode_kernel == DecodeKernel::always)) {
     FwdPlan decode = plan;
     decode.splits = plan.decode_splits;  // its ranges; the workspace holds either kernel's partials
-    return run_decode(call, p, decode, q_in, k, v, out_in, lse_in, cache, workspace, stream);
+    return run_decode(call, switches, p, decode, q_in, k, v, out_in, lse_in, cache, workspace, stream);
   }
   const FwdTile& tile = kFwdTiles[row];
   const uint32_t block_m = uint32_t(tile.block_m);

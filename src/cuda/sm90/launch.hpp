@@ -73,9 +73,10 @@ struct KvCacheArgs {
   int64_t seqlen_new = 0;
 };
 
-// The KV-cache forward: the append (a copy kernel) when k_new is given, then the forward's plan (row, GQA
-// packing, split-KV) run by the instances with per-sequence geometry. `p` was validated on q against a
-// [batch, capacity, heads_kv, head_dim] view of the keys (capacity = what a sequence's cache can hold).
+// The KV-cache forward: the append when k_new is given (a copy kernel first, unless the decode kernel runs the
+// call and appends itself: perf-log F33), then the forward's plan (row, GQA packing, split-KV) run by the
+// instances with per-sequence geometry. `p` was validated on q against a [batch, capacity, heads_kv, head_dim]
+// view of the keys (capacity = what a sequence's cache can hold).
 // Asynchronous on `stream`; workspace as forward's (forward_workspace_bytes(p)).
 void forward_kvcache(const detail::Problem& p, const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                      const Tensor& out, const Tensor* lse, const KvCacheArgs& cache, Workspace workspace,
