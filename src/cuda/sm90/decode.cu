@@ -23,11 +23,10 @@
 namespace fa4::sm90 {
 namespace {
 
-constexpr int kDecodeWarps = 4;
-constexpr int kDecodeThreads = 32 * kDecodeWarps;
 constexpr int kKeysPerWarp = 16;  // one k-step of P·V
 constexpr int kChunkKeys = kDecodeChunkKeys;
-static_assert(kChunkKeys == kKeysPerWarp * kDecodeWarps, "a chunk is every warp's k-step");
+constexpr int kKeyWarps = kChunkKeys / kKeysPerWarp;  // warps that own a chunk's keys, 16 each
+static_assert(kChunkKeys == kKeysPerWarp * kKeyWarps, "a chunk is every key warp's k-step");
 // kDecodeStages (decode.hpp): two chunks in flight per CTA, 68 KiB of shared memory at d = 128, so three CTAs fit
 // an SM, their registers too (ptxas: 168 at d = 128, 125 at d = 64; 3 × 4 warps × 168 × 32 ≤ 64K; the GPU test
 // DecodeKernelHoldsItsCtasPerSm asks the occupancy API, as a __launch_bounds__ minimum would change the code).
@@ -36,6 +35,13 @@ static_assert(kChunkKeys == kKeysPerWarp * kDecodeWarps, "a chunk is every warp'
 
 template <int HeadDim>
 struct DecodeLayout {
+  // F34 (FA4_AB_DECODE_COLUMN_HALVES, decode.hpp): at d = 128 two warps per 16 keys, both computing S and P, each
+  // P·V into half of O's columns: twice the warps for the dependent chains to hide each other, a shorter P·V and
+  // rescale per warp. Else one warp per 16 keys, all of O.
+  static constexpr int kColumnHalves = FA4_AB_DECODE_COLUMN_HALVES && HeadDim == 128 ? 2 : 1;
+  static constexpr int kWarps = kKeyWarps * kColumnHalves;
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kColumns = HeadDim / kColumnHalves;  // of O (and V) per warp
   // A K or V row padded by 16 bytes: consecutive rows start 4 banks apart, so the 8 rows an ldmatrix (or the 8 key
   // rows of a B fragment's 32-bit loads) touches fall in distinct banks.
   static constexpr int kRowBytes = HeadDim * 2 + 16;
@@ -43,25 +49,31 @@ struct DecodeLayout {
   static constexpr int kStageBytes = 2 * kTileBytes;  // K, then V
   static constexpr int kSmemBytes = kDecodeStages * kStageBytes;
   static constexpr int kSegments = HeadDim * 2 / 16;  // 16-byte copies per row
-  static constexpr int kCopiesPerThread = kChunkKeys * kSegments / kDecodeThreads;
-  // The merge: every warp's O [16][kMergeStride], then m and l [16] each, fp32, over the (drained) stages. Rows
-  // 8 banks apart: the merge's readers (4 rows × 8 column phases per warp) hit 32 distinct banks.
+  static constexpr int kCopiesPerThread = kChunkKeys * kSegments / kThreads;
+  // The merge: every key warp's O [16][kMergeStride] (a row's column halves from its two warps), then m and l [16]
+  // each, fp32, over the (drained) stages. Rows 8 banks apart: the merge's readers (4 or 2 rows × 8 or 16 column
+  // phases per warp) hit 32 distinct banks.
   static constexpr int kMergeStride = HeadDim + 8;
-  static constexpr int kMergeBytes = kDecodeWarps * kDecodeMaxRows * (kMergeStride + 2) * 4;
-  static constexpr int kMergePhases = kDecodeThreads / kDecodeMaxRows;  // threads per row; a thread every 8th column
+  static constexpr int kMergeBytes = kKeyWarps * kDecodeMaxRows * (kMergeStride + 2) * 4;
+  static constexpr int kMergePhases = kThreads / kDecodeMaxRows;  // threads per row; a thread every kMergePhases-th column
   static_assert(HeadDim % 16 == 0, "whole k-steps of 16");
-  static_assert(kChunkKeys * kSegments % kDecodeThreads == 0, "every thread issues the same number of copies");
+  static_assert(kChunkKeys * kSegments % kThreads == 0, "every thread issues the same number of copies");
+  static_assert(kColumns % 16 == 0, "whole ldmatrix column pairs per warp");
   static_assert(kMergeBytes <= kSmemBytes, "the merge scratch fits in the stages");
   static_assert(kDecodeCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kDecodeCtasPerSm CTAs per SM (each with the "
                                                                       "driver's 1 KiB)");
-  static_assert(kMergePhases == 8 && HeadDim % kMergePhases == 0, "the merge gives each thread every 8th column");
+  static_assert(HeadDim % kMergePhases == 0, "the merge gives each thread every kMergePhases-th column");
 };
 
 template <ptx::WgmmaInput In, int HeadDim>
-__global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
+__global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   using L = DecodeLayout<HeadDim>;
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  // The warp's keys (16 of each chunk) and its columns of O and V (F34; written so that one half compiles to what
+  // it did before F34).
+  const int key_warp = L::kColumnHalves == 1 ? warp : warp % kKeyWarps;
+  const int col0 = L::kColumnHalves == 1 ? 0 : warp / kKeyWarps * L::kColumns;
   const int g = lane / 4, c = 2 * (lane % 4);  // fragment row and column pair (mma_sync.cuh)
   const int split = int(blockIdx.x % uint32_t(p.num_splits));
   const int kv_head = int(blockIdx.x / uint32_t(p.num_splits) % uint32_t(p.heads_kv));
@@ -89,7 +101,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   static_assert(kRowStep <= 16 && kRowStep * L::kCopiesPerThread == kKeysPerWarp, "one page step per copy at most");
   const int r0 = warp * kKeysPerWarp + lane / L::kSegments, seg = lane % L::kSegments;
 #else
-  constexpr int kRowStep = kDecodeThreads / L::kSegments;
+  constexpr int kRowStep = L::kThreads / L::kSegments;
   static_assert(kRowStep <= 16 && kRowStep * L::kCopiesPerThread == kChunkKeys, "one page step per copy at most");
   const int r0 = int(threadIdx.x) / L::kSegments, seg = int(threadIdx.x) % L::kSegments;
 #endif
@@ -171,7 +183,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   // The next kernel in the stream sees the writes (its grid-dependency wait is for this grid's completion).
   auto append_rows = [&](int32_t chunk, int stage) {
     const int32_t first = max(new_begin - chunk * kChunkKeys, 0), end = min(n_keys - chunk * kChunkKeys, kChunkKeys);
-    for (int at = int(threadIdx.x) + first * L::kSegments; at < end * L::kSegments; at += kDecodeThreads) {
+    for (int at = int(threadIdx.x) + first * L::kSegments; at < end * L::kSegments; at += L::kThreads) {
       const int r = at / L::kSegments, segment = at % L::kSegments;
       const int32_t key = chunk * kChunkKeys + r;
       const int64_t slot = (p.page_table != nullptr ? int64_t(pages_of_b[key / page_size]) * p.kv_stride_b +
@@ -210,9 +222,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     }
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8; l summed over the quad at the end
-  float o[HeadDim / 8][4];
+  float o[L::kColumns / 8][4];  // columns col0 + 8·j + c, + 1
 #pragma unroll
-  for (int j = 0; j < HeadDim / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+  for (int j = 0; j < L::kColumns / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
   for (int32_t chunk = c_begin; chunk < c_end; ++chunk) {
     const int i = chunk - c_begin;
@@ -226,7 +238,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
 #endif
     if constexpr (kDecodeAppends)
       if (chunk * kChunkKeys + kChunkKeys > new_begin) append_rows(chunk, i % kDecodeStages);  // CTA-uniform
-    const uint8_t* const k_rows = smem + (i % kDecodeStages) * L::kStageBytes + warp * kKeysPerWarp * L::kRowBytes;
+    const uint8_t* const k_rows = smem + (i % kDecodeStages) * L::kStageBytes + key_warp * kKeysPerWarp * L::kRowBytes;
     const uint8_t* const v_rows = k_rows + L::kTileBytes;
 
     float s[2][4] = {};  // keys 8·nt + c, c + 1 of the warp's 16; rows g (0, 1) and g + 8 (2, 3)
@@ -239,7 +251,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
         ptx::mma_m16n8k16<In>(s[nt], qf[ks], kf);
       }
 
-    const int32_t key0 = chunk * kChunkKeys + warp * kKeysPerWarp;
+    const int32_t key0 = chunk * kChunkKeys + key_warp * kKeysPerWarp;
     float block_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt)
@@ -255,7 +267,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
         const float scale = exp2f(u.log2_scale);
         l[h] *= scale;
 #pragma unroll
-        for (int j = 0; j < HeadDim / 8; ++j) o[j][2 * h] *= scale, o[j][2 * h + 1] *= scale;
+        for (int j = 0; j < L::kColumns / 8; ++j) o[j][2 * h] *= scale, o[j][2 * h + 1] *= scale;
       }
       m[h] = u.m;
     }
@@ -272,9 +284,9 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
     // V's B fragments by ldmatrix.trans: matrices (keys 0-7 | 8-15) × (columns dn .. dn + 7 | dn + 8 .. dn + 15).
     const int mat = lane / 8;
     const uint32_t v_lane = static_cast<uint32_t>(__cvta_generic_to_shared(
-        v_rows + ((mat & 1) * 8 + lane % 8) * L::kRowBytes + (mat >> 1) * 16));
+        v_rows + ((mat & 1) * 8 + lane % 8) * L::kRowBytes + (mat >> 1) * 16 + col0 * 2));
 #pragma unroll
-    for (int dn = 0; dn < HeadDim; dn += 16) {
+    for (int dn = 0; dn < L::kColumns; dn += 16) {
       uint32_t vf[4];
       ptx::ldmatrix_x4_trans(vf, v_lane + dn * 2);
       const uint32_t lo[2] = {vf[0], vf[1]}, hi[2] = {vf[2], vf[3]};
@@ -291,29 +303,30 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   __syncthreads();
 
   // The merge: each warp's (m, l, O) rows into shared memory, then each thread one row's share of the columns.
-  float* const merge_o = reinterpret_cast<float*>(smem);                             // [warp][row][kMergeStride]
-  float* const merge_m = merge_o + kDecodeWarps * kDecodeMaxRows * L::kMergeStride;  // [warp][row]
-  float* const merge_l = merge_m + kDecodeWarps * kDecodeMaxRows;
+  float* const merge_o = reinterpret_cast<float*>(smem);                          // [key warp][row][kMergeStride]
+  float* const merge_m = merge_o + kKeyWarps * kDecodeMaxRows * L::kMergeStride;  // [key warp][row]
+  float* const merge_l = merge_m + kKeyWarps * kDecodeMaxRows;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] = quad_sum(l[h]);
-    if (lane % 4 == 0) merge_m[warp * kDecodeMaxRows + g + 8 * h] = m[h], merge_l[warp * kDecodeMaxRows + g + 8 * h] = l[h];
+    if (lane % 4 == 0 && col0 == 0)  // a key warp's two halves hold the same m and l
+      merge_m[key_warp * kDecodeMaxRows + g + 8 * h] = m[h], merge_l[key_warp * kDecodeMaxRows + g + 8 * h] = l[h];
   }
 #pragma unroll
-  for (int j = 0; j < HeadDim / 8; ++j)
+  for (int j = 0; j < L::kColumns / 8; ++j)
 #pragma unroll
     for (int e = 0; e < 4; ++e)
-      merge_o[(warp * kDecodeMaxRows + g + 8 * (e >> 1)) * L::kMergeStride + j * 8 + c + (e & 1)] = o[j][e];
+      merge_o[(key_warp * kDecodeMaxRows + g + 8 * (e >> 1)) * L::kMergeStride + col0 + j * 8 + c + (e & 1)] = o[j][e];
   __syncthreads();
 
   const int row = int(threadIdx.x) / L::kMergePhases, phase = int(threadIdx.x) % L::kMergePhases;
   if (row >= p.group) return;
   float row_max = -INFINITY;
 #pragma unroll
-  for (int w = 0; w < kDecodeWarps; ++w) row_max = fmaxf(row_max, merge_m[w * kDecodeMaxRows + row]);
-  float weight[kDecodeWarps], row_sum = 0.0f;
+  for (int w = 0; w < kKeyWarps; ++w) row_max = fmaxf(row_max, merge_m[w * kDecodeMaxRows + row]);
+  float weight[kKeyWarps], row_sum = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kDecodeWarps; ++w) {
+  for (int w = 0; w < kKeyWarps; ++w) {
     const float mw = merge_m[w * kDecodeMaxRows + row];
     weight[w] = mw == -INFINITY ? 0.0f : exp2f(mw - row_max);  // a warp that saw no key adds nothing
     row_sum += merge_l[w * kDecodeMaxRows + row] * weight[w];
@@ -328,7 +341,7 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   for (int col = phase; col < HeadDim; col += L::kMergePhases) {
     float acc = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kDecodeWarps; ++w) acc += merge_o[(w * kDecodeMaxRows + row) * L::kMergeStride + col] * weight[w];
+    for (int w = 0; w < kKeyWarps; ++w) acc += merge_o[(w * kDecodeMaxRows + row) * L::kMergeStride + col] * weight[w];
     if (p.o_partial != nullptr)
       p.o_partial[partial_row * HeadDim + col] = acc * fin.inv_l;
     else
@@ -337,16 +350,17 @@ __global__ void __launch_bounds__(kDecodeThreads) decode_kernel(const __grid_con
   }
 }
 
-// The compiled instance of (dtype, head_dim) (has_decode_kernel holds) and its dynamic shared memory.
+// The compiled instance of (dtype, head_dim) (has_decode_kernel holds), its dynamic shared memory and threads.
 struct DecodeInstance {
   void (*kernel)(DecodeParams);
   uint32_t smem;
+  uint32_t threads;
 };
 template <int HeadDim>
 DecodeInstance decode_instance(DType dtype) {
   using ptx::WgmmaInput;
   return {dtype == DType::bf16 ? decode_kernel<WgmmaInput::bf16, HeadDim> : decode_kernel<WgmmaInput::f16, HeadDim>,
-          uint32_t(DecodeLayout<HeadDim>::kSmemBytes)};
+          uint32_t(DecodeLayout<HeadDim>::kSmemBytes), uint32_t(DecodeLayout<HeadDim>::kThreads)};
 }
 DecodeInstance decode_instance(DType dtype, int64_t head_dim) {
   return head_dim == 64 ? decode_instance<64>(dtype) : decode_instance<128>(dtype);
@@ -363,7 +377,7 @@ int decode_ctas_per_sm(DType dtype, int head_dim) {
   const DecodeInstance d = decode_instance(dtype, head_dim);
   int ctas = 0;
   if (opt_in_dynamic_smem(reinterpret_cast<const void*>(d.kernel), d.smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, d.kernel, kDecodeThreads, size_t(d.smem)) != cudaSuccess)
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, d.kernel, int(d.threads), size_t(d.smem)) != cudaSuccess)
     return -1;
   return ctas;
 }
@@ -372,7 +386,7 @@ cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cuda
   if (!has_decode_kernel(dtype, head_dim)) return cudaErrorInvalidValue;
   const DecodeInstance d = decode_instance(dtype, head_dim);
   const uint32_t grid = uint32_t(p.num_splits) * uint32_t(p.heads_kv) * uint32_t(p.batch);
-  return launch_with_dynamic_smem(d.kernel, grid, kDecodeThreads, d.smem, stream, p, 1, /*programmatic=*/true);
+  return launch_with_dynamic_smem(d.kernel, grid, d.threads, d.smem, stream, p, 1, /*programmatic=*/true);
 }
 
 }  // namespace fa4::sm90

@@ -26,8 +26,15 @@ inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per w
 #ifndef FA4_AB_DECODE_WARP_RINGS  // 1: each warp copies and waits for its own rows (decode.cu; perf-log F28b)
 #define FA4_AB_DECODE_WARP_RINGS 0
 #endif
+#ifndef FA4_AB_DECODE_COLUMN_HALVES  // 1: at d = 128 eight warps, two per 16 keys, each P·V on half of the columns
+#define FA4_AB_DECODE_COLUMN_HALVES 0   // (decode.cu; perf-log F34)
+#endif
 inline constexpr int kDecodeStages = FA4_AB_DECODE_STAGES;
-inline constexpr int kDecodeCtasPerSm = kDecodeStages == 2 ? 3 : kDecodeStages == 3 ? 2 : 1;
+// With F34's eight warps at d = 128, two CTAs (their registers: 2 × 256 threads × 128 ≤ 64K).
+inline constexpr int kDecodeCtasPerSm =
+    FA4_AB_DECODE_COLUMN_HALVES ? 2 : kDecodeStages == 2 ? 3 : kDecodeStages == 3 ? 2 : 1;
+static_assert(!FA4_AB_DECODE_COLUMN_HALVES || (kDecodeStages == 2 && !FA4_AB_DECODE_WARP_RINGS),
+              "F34 is measured against main's two stages, without F28b's per-warp rings (a warp copies what two read)");
 inline constexpr int64_t kDecodeMaxRangeKeys = 1024;  // the default's longest range (launch.cu; FA4_FWD_DECODE_KERNEL)
 // Whether the kernel can append a KV-cache call's new keys itself (DecodeParams::k_new; perf-log F33): an A/B
 // define until measured (FA4_AB_DECODE_APPEND=1 in a build's CUDA flags; off, the kernel's code is main's). Not
