@@ -255,13 +255,16 @@ TEST(GpuSplitKvSm90, TooSmallWorkspaceIsRefusedByName) {
   cudaFree(ptr);
 }
 
-// The decode kernel's split rule counts kDecodeCtasPerSm CTAs per SM at d = 128 (its waves): the occupancy the
-// device reports for its instances, which a kernel that grew past 170 registers would silently lower.
+// The decode kernel's split rule counts decode_planned_ctas_per_sm CTAs per SM (its waves): the occupancy the
+// device reports for its instances, which a kernel that grew past its registers (168 at three CTAs of 128 threads)
+// would silently lower.
 TEST(GpuSplitKvSm90, DecodeKernelHoldsItsCtasPerSm) {
   REQUIRE_SM90();
   for (DType dtype : {DType::bf16, DType::f16}) {
-    EXPECT_EQ(fa4::sm90::decode_ctas_per_sm(dtype, 128), fa4::sm90::kDecodeCtasPerSm) << fa4::to_string(dtype);
-    EXPECT_GE(fa4::sm90::decode_ctas_per_sm(dtype, 64), fa4::sm90::kDecodeCtasPerSm) << fa4::to_string(dtype);
+    EXPECT_EQ(fa4::sm90::decode_ctas_per_sm(dtype, 128), fa4::sm90::decode_planned_ctas_per_sm(128))
+        << fa4::to_string(dtype);
+    EXPECT_GE(fa4::sm90::decode_ctas_per_sm(dtype, 64), fa4::sm90::decode_planned_ctas_per_sm(64))
+        << fa4::to_string(dtype);
   }
   EXPECT_EQ(fa4::sm90::decode_ctas_per_sm(DType::bf16, 256), 0) << "no d = 256 instance";
 }

@@ -1,13 +1,13 @@
-// The decode kernel (decode.hpp; perf-log F27). One CTA of four warps per (key range, kv head, sequence). The kv
-// head's query heads are the rows of one 16-row tile (rows past the group are zeros, never stored); its key range
-// streams through shared memory in chunks of 64 keys (16 per warp) by cp.async, kStages chunks in flight, rows
-// past the sequence's keys zero-filled (an unwritten cache slot may hold NaN, and 0 · NaN is NaN in P·V). Each warp
-// keeps its own online softmax over its 16 keys of every chunk (S = Q·Kᵀ and O += P·V on mma.sync m16n8k16, P
-// from the S registers, V through ldmatrix.trans), with the forward's numerics (num::ScoreTransform, the
-// conditional rescale, finalize_row); at the end the four (m, l, O) merge through shared memory and the CTA
-// writes its rows: O and LSE, or with splits the range's O / l and LSE for the combine kernel. A KV-cache call's new
-// keys (DecodeParams::k_new) are read from k_new / v_new, and written into their cache slots by the CTA whose range
-// holds them (perf-log F33).
+// The decode kernel (decode.hpp; perf-log F27). One CTA of four key warps (eight warps at d = 128 with F34's
+// column halves) per (key range, kv head, sequence). The kv head's query heads are the rows of one 16-row tile (rows
+// past the group are zeros, never stored); its key range streams through shared memory in chunks of 64 keys (16 per
+// key warp) by cp.async, kStages chunks in flight, rows past the sequence's keys zero-filled (an unwritten cache
+// slot may hold NaN, and 0 · NaN is NaN in P·V). Each warp keeps its own online softmax over its 16 keys of every
+// chunk (S = Q·Kᵀ and O += P·V on mma.sync m16n8k16, P from the S registers, V through ldmatrix.trans), with the
+// forward's numerics (num::ScoreTransform, the conditional rescale, finalize_row); at the end the four key warps'
+// (m, l, O) merge through shared memory and the CTA writes its rows: O and LSE, or with splits the range's O / l
+// and LSE for the combine kernel. A KV-cache call's new keys (DecodeParams::k_new) are read from k_new / v_new, and
+// written into their cache slots by the CTA whose range holds them (perf-log F33).
 #include "cuda/sm90/decode.hpp"
 
 #include <cuda_pipeline.h>
@@ -28,10 +28,10 @@ constexpr int kChunkKeys = kDecodeChunkKeys;
 constexpr int kKeyWarps = kChunkKeys / kKeysPerWarp;  // warps that own a chunk's keys, 16 each
 static_assert(kChunkKeys == kKeysPerWarp * kKeyWarps, "a chunk is every key warp's k-step");
 // kDecodeStages (decode.hpp): two chunks in flight per CTA, 68 KiB of shared memory at d = 128, so three CTAs fit
-// an SM, their registers too (ptxas: 168 at d = 128, 125 at d = 64; 3 × 4 warps × 168 × 32 ≤ 64K; the GPU test
-// DecodeKernelHoldsItsCtasPerSm asks the occupancy API, as a __launch_bounds__ minimum would change the code).
-// Four stages (136 KiB) left one warp per scheduler, and the kernel is issue-bound (4.4 cycles per instruction;
-// perf-log F27).
+// an SM, their registers too (ptxas: 166 at d = 128, 96 at d = 64, with F33's append 168 and 125; 3 × 4 warps ×
+// 168 × 32 ≤ 64K; the GPU test DecodeKernelHoldsItsCtasPerSm asks the occupancy API, as a __launch_bounds__
+// minimum would change the code). Four stages (136 KiB) left one warp per scheduler, and the kernel is issue-bound
+// (4.4 cycles per instruction; perf-log F27).
 
 template <int HeadDim>
 struct DecodeLayout {
@@ -51,8 +51,8 @@ struct DecodeLayout {
   static constexpr int kSegments = HeadDim * 2 / 16;  // 16-byte copies per row
   static constexpr int kCopiesPerThread = kChunkKeys * kSegments / kThreads;
   // The merge: every key warp's O [16][kMergeStride] (a row's column halves from its two warps), then m and l [16]
-  // each, fp32, over the (drained) stages. Rows 8 banks apart: the merge's readers (4 or 2 rows × 8 or 16 column
-  // phases per warp) hit 32 distinct banks.
+  // each, fp32, over the (drained) stages. Rows 8 banks apart: the merge's readers (4 rows × 8 column phases per
+  // warp) hit 32 distinct banks; with F34's 16 phases, 2 rows a warp, two ways on 8 banks (once per CTA).
   static constexpr int kMergeStride = HeadDim + 8;
   static constexpr int kMergeBytes = kKeyWarps * kDecodeMaxRows * (kMergeStride + 2) * 4;
   static constexpr int kMergePhases = kThreads / kDecodeMaxRows;  // threads per row; a thread every kMergePhases-th column
@@ -60,12 +60,14 @@ struct DecodeLayout {
   static_assert(kChunkKeys * kSegments % kThreads == 0, "every thread issues the same number of copies");
   static_assert(kColumns % 16 == 0, "whole ldmatrix column pairs per warp");
   static_assert(kMergeBytes <= kSmemBytes, "the merge scratch fits in the stages");
-  static_assert(kDecodeCtasPerSm * (kSmemBytes + 1024) <= 228 * 1024, "kDecodeCtasPerSm CTAs per SM (each with the "
-                                                                      "driver's 1 KiB)");
+  static_assert(decode_planned_ctas_per_sm(HeadDim) * (kSmemBytes + 1024) <= 228 * 1024,
+                "the planned CTAs per SM (each with the driver's 1 KiB)");
   static_assert(HeadDim % kMergePhases == 0, "the merge gives each thread every kMergePhases-th column");
 };
 
 template <ptx::WgmmaInput In, int HeadDim>
+// F34's eight warps: ptxas gives them 128 registers, two CTAs' worth (a minimum-blocks bound of 2 made it spill;
+// DecodeKernelHoldsItsCtasPerSm catches growth past them).
 __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   using L = DecodeLayout<HeadDim>;
   extern __shared__ __align__(128) uint8_t smem[];

@@ -15,7 +15,7 @@
 namespace fa4::sm90 {
 
 inline constexpr int kDecodeMaxRows = 16;  // group (query heads per kv head) at most this: one m16 tile
-inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per warp): a key range's unit
+inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per key warp): a key range's unit
 // K/V chunks in flight per CTA, and so CTAs per SM (shared memory at d = 128, 34 KiB a stage; decode.cu asserts it
 // and holds its registers to fit):
 // two stages, three CTAs. FA4_AB_DECODE_STAGES=3 (two CTAs, four chunks in flight per SM where two stages keep
@@ -30,9 +30,12 @@ inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per w
 #define FA4_AB_DECODE_COLUMN_HALVES 0   // (decode.cu; perf-log F34)
 #endif
 inline constexpr int kDecodeStages = FA4_AB_DECODE_STAGES;
-// With F34's eight warps at d = 128, two CTAs (their registers: 2 × 256 threads × 128 ≤ 64K).
-inline constexpr int kDecodeCtasPerSm =
-    FA4_AB_DECODE_COLUMN_HALVES ? 2 : kDecodeStages == 2 ? 3 : kDecodeStages == 3 ? 2 : 1;
+inline constexpr int kDecodeCtasPerSm = kDecodeStages == 2 ? 3 : kDecodeStages == 3 ? 2 : 1;
+// CTAs per SM the split rule plans for a head dim: kDecodeCtasPerSm, or with F34's eight warps at d = 128 two
+// (their registers: 2 × 256 threads × 128 ≤ 64K; decode.cu's __launch_bounds__ holds them).
+constexpr int decode_planned_ctas_per_sm(int64_t head_dim) {
+  return FA4_AB_DECODE_COLUMN_HALVES && head_dim == 128 ? 2 : kDecodeCtasPerSm;
+}
 static_assert(!FA4_AB_DECODE_COLUMN_HALVES || (kDecodeStages == 2 && !FA4_AB_DECODE_WARP_RINGS),
               "F34 is measured against main's two stages, without F28b's per-warp rings (a warp copies what two read)");
 inline constexpr int64_t kDecodeMaxRangeKeys = 1024;  // the default's longest range (launch.cu; FA4_FWD_DECODE_KERNEL)

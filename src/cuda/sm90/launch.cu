@@ -223,7 +223,7 @@ bool decode_kernel_takes(const detail::Problem& p) {
          p.mask.left < 0 && p.sinks == nullptr && p.exp2_emulated_per16 == 0 && p.seqlen_k > 0;
 }
 
-// The decode kernel's key ranges (CTAs: ranges · heads_kv · batch, kDecodeCtasPerSm fit an SM; a range at least
+// The decode kernel's key ranges (CTAs: ranges · heads_kv · batch, decode_planned_ctas_per_sm fit an SM; a range at least
 // one 64-key chunk). The caller's count, or with 0: when the (kv head, sequence) pairs fill at most half the SMs,
 // as many ranges as give each SM one CTA (latency-bound: b = 1 4k, 16 ranges 12.9 µs, 32 ranges 16.8); else the
 // fewest ranges that give every SM two CTAs at least and no second wave that leaves SMs idle (between one and one
@@ -231,7 +231,7 @@ bool decode_kernel_takes(const detail::Problem& p) {
 // (1.3 waves) 89%, 3 101%; b = 64 32k 1 (1.3 waves) 90%, 2-4 101-103%; b = 8 4k 2 ranges best (4: -3%).
 int32_t decode_splits(const detail::Problem& p, int64_t sms) {
   const int64_t chunks = (p.seqlen_k + kDecodeChunkKeys - 1) / kDecodeChunkKeys;
-  const int64_t pairs = std::max<int64_t>(p.batch * p.heads_kv, 1), slots = kDecodeCtasPerSm * sms;
+  const int64_t pairs = std::max<int64_t>(p.batch * p.heads_kv, 1), slots = decode_planned_ctas_per_sm(p.head_dim) * sms;
   int64_t splits = p.num_splits;
   if (splits == 0 && 2 * pairs <= sms) splits = std::min(sms / pairs, kMaxSplits);
   if (splits == 0) {
