@@ -47,7 +47,7 @@ TEST(BackwardPaths, DefaultsPerRow) {
     EXPECT_EQ(b.det_chains, 1) << d;
   }
   // Deterministic: store-first everywhere; register adds in turn at d = 128 unmasked (B24), else the writers with
-  // two buffers at d = 128 (B23) and their slab release on key-split rows; turn helpers on column-split rows;
+  // two buffers at d = 64 and 128 (B23, B27) and their slab release on key-split rows; turn helpers on column-split rows;
   // chains 4 / 1 / 4 / 4 without a mask, 1 with one (B17).
   for (int d : {64, 128, 192, 256})
     for (bool causal : {false, true}) {
@@ -55,7 +55,7 @@ TEST(BackwardPaths, DefaultsPerRow) {
       const bool register_adds = d == 128 && !causal;
       EXPECT_TRUE(b.det_store_first) << d << causal;
       EXPECT_EQ(b.det_register_adds, register_adds) << d << causal;
-      EXPECT_EQ(b.det_two_buffers, d == 128 && !register_adds) << d << causal;
+      EXPECT_EQ(b.det_two_buffers, (d == 64 || d == 128) && !register_adds) << d << causal;
       EXPECT_EQ(b.det_slab_release, d <= 128 && !register_adds) << d << causal;
       EXPECT_EQ(b.det_turn_helpers, d > 128) << d << causal;
       EXPECT_FALSE(b.dq_register_adds) << d << causal;

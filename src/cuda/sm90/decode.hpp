@@ -39,11 +39,12 @@ constexpr int decode_planned_ctas_per_sm(int64_t head_dim) {
 static_assert(!FA4_AB_DECODE_COLUMN_HALVES || (kDecodeStages == 2 && !FA4_AB_DECODE_WARP_RINGS),
               "F34 is measured against main's two stages, without F28b's per-warp rings (a warp copies what two read)");
 inline constexpr int64_t kDecodeMaxRangeKeys = 1024;  // the default's longest range (launch.cu; FA4_FWD_DECODE_KERNEL)
-// Whether the kernel can append a KV-cache call's new keys itself (DecodeParams::k_new; perf-log F33): an A/B
-// define until measured (FA4_AB_DECODE_APPEND=1 in a build's CUDA flags; off, the kernel's code is main's). Not
-// with the per-warp rings (F28b): the copy of a chunk's new rows into the cache reads rows other warps loaded.
+// Whether the kernel can append a KV-cache call's new keys itself (DecodeParams::k_new; perf-log F33: the C++
+// KV-cache call 12.8 → 9.5-10.1 µs of host time): the default since the thirteenth session (FA4_AB_DECODE_APPEND=0
+// in a build's CUDA flags restores the append kernel). Not with the per-warp rings (F28b): the copy of a chunk's new
+// rows into the cache reads rows other warps loaded.
 #ifndef FA4_AB_DECODE_APPEND
-#define FA4_AB_DECODE_APPEND 0
+#define FA4_AB_DECODE_APPEND 1
 #endif
 inline constexpr bool kDecodeAppends = FA4_AB_DECODE_APPEND && !FA4_AB_DECODE_WARP_RINGS;
 

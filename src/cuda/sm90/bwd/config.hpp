@@ -29,11 +29,12 @@
 
 #include "cuda/sm90/config.hpp"
 
-// A/B candidate B27 (off by default): the d = 64 row with two deterministic staging buffers (B23's), which fit
-// only without the launch's 1024-byte alignment slack: that row then takes the dynamic shared memory base as it
-// is and traps if it is not 1024-byte aligned (BwdConfig::kAlignedSmemBase; perf-log B27).
+// B27 (the default since the thirteenth session; 0 in a build's CUDA flags restores one buffer): the d = 64 row
+// with two deterministic staging buffers (B23's), which fit only without the launch's 1024-byte alignment slack:
+// that row then takes the dynamic shared memory base as it is and traps if it is not 1024-byte aligned
+// (BwdConfig::kAlignedSmemBase; perf-log B27: deterministic d = 64 non-causal 1k 0.83 → 0.87 of the default).
 #ifndef FA4_AB_BWD_D64_TWO_BUFFERS
-#define FA4_AB_BWD_D64_TWO_BUFFERS 0
+#define FA4_AB_BWD_D64_TWO_BUFFERS 1
 #endif
 
 namespace fa4::sm90 {
