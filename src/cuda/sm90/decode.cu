@@ -210,24 +210,6 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
   }
   ChunkPages pages = {};  // of chunk c_begin + kDecodeStages - 1, the loop's first issue
   read_pages(c_begin + kDecodeStages - 1, pages);
-#if FA4_AB_DECODE_PREFETCH
-  // F35: the rest of the range into L2 now, so that each later chunk's copies (issued one chunk ahead) wait for L2,
-  // not DRAM. 128-byte lines of this kv head's K and V rows, the threads over (tensor, row, line) of a chunk.
-  if (p.prefetch_range) {
-    constexpr int kLines = HeadDim * 2 / 128;
-    static_assert(HeadDim * 2 % 128 == 0, "whole 128-byte lines per row");
-    for (int32_t chunk = c_begin + kDecodeStages - 1; chunk < c_end; ++chunk)
-      for (int at = int(threadIdx.x); at < 2 * kChunkKeys * kLines; at += L::kThreads) {
-        const int32_t key = chunk * kChunkKeys + at / kLines % kChunkKeys;
-        if (key >= n_keys) continue;
-        const int64_t row = p.page_table != nullptr ? int64_t(pages_of_b[key / page_size]) * p.kv_stride_b +
-                                                          int64_t(key % page_size) * p.kv_stride_s
-                                                    : batch_offset + int64_t(key) * p.kv_stride_s;
-        const void* const base = at < kChunkKeys * kLines ? p.k : p.v;
-        ptx::prefetch_l2(static_cast<const uint16_t*>(base) + row + int64_t(kv_head) * p.kv_stride_h + at % kLines * 64);
-      }
-  }
-#endif
 
   // Q's rows as A fragments, loaded once: row r is query head kv_head · group + r (zeros past the group).
   uint32_t qf[HeadDim / 16][4];
@@ -241,6 +223,27 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
                       ? *reinterpret_cast<const uint32_t*>(q + (int64_t(kv_head) * p.group + row) * p.q_stride_h + col)
                       : 0u;
     }
+
+#if FA4_AB_DECODE_PREFETCH
+  // F35: the range's chunks past the next one (which the loop copies at once) into L2 now, so that their copies,
+  // issued one chunk ahead, wait for L2, not DRAM. The threads over (chunk, row, 128-byte line) of this kv head's
+  // rows, each prefetching the K and the V line of one row (one page lookup for both).
+  if (p.prefetch_range) {
+    constexpr int kLines = HeadDim * 2 / 128;
+    static_assert(HeadDim * 2 % 128 == 0, "whole 128-byte lines per row");
+    const int32_t first = c_begin + kDecodeStages;
+    for (int32_t at = int32_t(threadIdx.x); at < (c_end - first) * kChunkKeys * kLines; at += L::kThreads) {
+      const int32_t key = first * kChunkKeys + at / kLines;
+      if (key >= n_keys) break;  // `at` only grows
+      const int64_t line = (p.page_table != nullptr ? int64_t(pages_of_b[key / page_size]) * p.kv_stride_b +
+                                                          int64_t(key % page_size) * p.kv_stride_s
+                                                    : batch_offset + int64_t(key) * p.kv_stride_s) +
+                           int64_t(kv_head) * p.kv_stride_h + at % kLines * 64;
+      ptx::prefetch_l2(static_cast<const uint16_t*>(p.k) + line);
+      ptx::prefetch_l2(static_cast<const uint16_t*>(p.v) + line);
+    }
+  }
+#endif
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8; l summed over the quad at the end
   float o[L::kColumns / 8][4];  // columns col0 + 8·j + c, + 1

@@ -26,7 +26,7 @@ inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per k
 #ifndef FA4_AB_DECODE_WARP_RINGS  // 1: each warp copies and waits for its own rows (decode.cu; perf-log F28b)
 #define FA4_AB_DECODE_WARP_RINGS 0
 #endif
-#ifndef FA4_AB_DECODE_PREFETCH  // 1: a CTA's whole key range pulled into L2 at its start (decode.cu; perf-log F35)
+#ifndef FA4_AB_DECODE_PREFETCH  // 1: a CTA's key range past its first copies pulled into L2 (decode.cu; perf-log F35)
 #define FA4_AB_DECODE_PREFETCH 0
 #endif
 #ifndef FA4_AB_DECODE_COLUMN_HALVES  // 1: at d = 128 eight warps, two per 16 keys, each P·V on half of the columns

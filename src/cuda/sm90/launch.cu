@@ -370,7 +370,8 @@ FwdSwitches read_fwd_switches(const char* call) {
   return {env_switch(call, "FA4_FWD_PROLOGUE_TURN", true), env_switch(call, "FA4_FWD_CLUSTER_COMBINE", false),
           env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), decode_kernel_switch(call),
           build_switch(call, "FA4_FWD_DECODE_APPEND", kDecodeAppends,
-                       "its decode kernel does not append: built with FA4_AB_DECODE_APPEND=0 or FA4_AB_DECODE_WARP_RINGS"),
+                       "its decode kernel does not append: built with -DFA4_AB_DECODE_APPEND=0 or "
+                       "-DFA4_AB_DECODE_WARP_RINGS=1"),
           build_switch(call, "FA4_FWD_DECODE_PREFETCH", FA4_AB_DECODE_PREFETCH,
                        "its decode kernel does not prefetch: built without -DFA4_AB_DECODE_PREFETCH=1")};
 }
@@ -513,7 +514,8 @@ bool decode_kernel_appends(const FwdSwitches& switches, const KvCacheArgs& cache
 }
 
 // Whether the decode kernel's CTAs pull their ranges into L2 (DecodeParams::prefetch_range; perf-log F35): where the
-// call's K and V (its capacity, for a KV cache) fit in L2, so that the lines are still there when copied.
+// call's K and V (its capacity, for a KV cache) fit in L2, so that the lines are still there when copied. The whole
+// L2, not lpt_section's half: each line is read once, by the CTA that prefetched it, within one wave.
 bool decode_prefetches(const FwdSwitches& switches, const detail::Problem& p) {
   if (!switches.decode_prefetch) return false;
   const int64_t l2_bytes = device_attribute(p.device_index, cudaDevAttrL2CacheSize).value_or(0);
