@@ -12,6 +12,7 @@
 
 #include <cuda_pipeline.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -66,11 +67,15 @@ struct DecodeLayout {
   static_assert(HeadDim % kMergePhases == 0, "the merge gives each thread every kMergePhases-th column");
 };
 
-template <ptx::WgmmaInput In, int HeadDim>
+// Appends: the instance for the calls whose new keys it appends (DecodeParams::k_new, F33); the other instance has
+// none of that code, as the append's copy branch and registers (166 -> 168 at d = 128) cost the calls without an
+// append 1-1.6% at b = 1 on the H100 (perf-log, thirteenth session's outcomes).
 // F34's eight warps: ptxas gives them 128 registers, two CTAs' worth (a minimum-blocks bound of 2 made it spill;
 // DecodeKernelHoldsItsCtasPerSm catches growth past them).
+template <ptx::WgmmaInput In, int HeadDim, bool Appends>
 __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel(const __grid_constant__ DecodeParams p) {
   using L = DecodeLayout<HeadDim>;
+  constexpr bool kAppends = kDecodeAppends && Appends;
   extern __shared__ __align__(128) uint8_t smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   // The warp's keys (16 of each chunk) and its columns of O and V (F34; written so that one half compiles to what
@@ -134,7 +139,7 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
   };
   // A KV-cache call's new keys, when this kernel appends them (DecodeParams::k_new): the first one's index, else
   // past every key. Their cache slots are not read: their chunk copies them from k_new / v_new.
-  const int32_t new_begin = kDecodeAppends && p.k_new != nullptr ? n_keys - p.seqlen_k_added : INT32_MAX;
+  const int32_t new_begin = kAppends && p.k_new != nullptr ? n_keys - p.seqlen_k_added : INT32_MAX;
   // Chunk `chunk` of K and V into stage `stage` (one commit group, empty past the range).
   auto issue = [&](int32_t chunk, int stage, const ChunkPages& cp) {
     if (chunk < c_end) {
@@ -173,8 +178,8 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
           if (row >= page_size) row -= page_size;
         }
       };
-      if (kDecodeAppends && chunk * kChunkKeys + kChunkKeys > new_begin)
-        copies(std::integral_constant<bool, kDecodeAppends>{});
+      if (kAppends && chunk * kChunkKeys + kChunkKeys > new_begin)
+        copies(std::integral_constant<bool, kAppends>{});
       else
         copies(std::false_type{});
     }
@@ -260,7 +265,7 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
 #else
     __syncthreads();  // and everyone's
 #endif
-    if constexpr (kDecodeAppends)
+    if constexpr (kAppends)
       if (chunk * kChunkKeys + kChunkKeys > new_begin) append_rows(chunk, i % kDecodeStages);  // CTA-uniform
     const uint8_t* const k_rows = smem + (i % kDecodeStages) * L::kStageBytes + key_warp * kKeysPerWarp * L::kRowBytes;
     const uint8_t* const v_rows = k_rows + L::kTileBytes;
@@ -374,20 +379,23 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
   }
 }
 
-// The compiled instance of (dtype, head_dim) (has_decode_kernel holds), its dynamic shared memory and threads.
+// The compiled instance of (dtype, head_dim, appends) (has_decode_kernel holds; appends only where the build's kernel
+// can, kDecodeAppends), its dynamic shared memory and threads.
 struct DecodeInstance {
   void (*kernel)(DecodeParams);
   uint32_t smem;
   uint32_t threads;
 };
-template <int HeadDim>
+template <int HeadDim, bool Appends>
 DecodeInstance decode_instance(DType dtype) {
   using ptx::WgmmaInput;
-  return {dtype == DType::bf16 ? decode_kernel<WgmmaInput::bf16, HeadDim> : decode_kernel<WgmmaInput::f16, HeadDim>,
+  return {dtype == DType::bf16 ? decode_kernel<WgmmaInput::bf16, HeadDim, Appends>
+                               : decode_kernel<WgmmaInput::f16, HeadDim, Appends>,
           uint32_t(DecodeLayout<HeadDim>::kSmemBytes), uint32_t(DecodeLayout<HeadDim>::kThreads)};
 }
-DecodeInstance decode_instance(DType dtype, int64_t head_dim) {
-  return head_dim == 64 ? decode_instance<64>(dtype) : decode_instance<128>(dtype);
+DecodeInstance decode_instance(DType dtype, int64_t head_dim, bool appends) {
+  if (head_dim == 64) return appends ? decode_instance<64, kDecodeAppends>(dtype) : decode_instance<64, false>(dtype);
+  return appends ? decode_instance<128, kDecodeAppends>(dtype) : decode_instance<128, false>(dtype);
 }
 
 }  // namespace
@@ -398,17 +406,21 @@ bool has_decode_kernel(DType dtype, int64_t head_dim) {
 
 int decode_ctas_per_sm(DType dtype, int head_dim) {
   if (!has_decode_kernel(dtype, head_dim)) return 0;
-  const DecodeInstance d = decode_instance(dtype, head_dim);
-  int ctas = 0;
-  if (opt_in_dynamic_smem(reinterpret_cast<const void*>(d.kernel), d.smem) != cudaSuccess ||
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, d.kernel, int(d.threads), size_t(d.smem)) != cudaSuccess)
-    return -1;
-  return ctas;
+  int fewest = INT32_MAX;
+  for (bool appends : {false, true}) {  // the instance with fewer
+    const DecodeInstance d = decode_instance(dtype, head_dim, appends);
+    int ctas = 0;
+    if (opt_in_dynamic_smem(reinterpret_cast<const void*>(d.kernel), d.smem) != cudaSuccess ||
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, d.kernel, int(d.threads), size_t(d.smem)) != cudaSuccess)
+      return -1;
+    fewest = std::min(fewest, ctas);
+  }
+  return fewest;
 }
 
 cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cudaStream_t stream) {
   if (!has_decode_kernel(dtype, head_dim)) return cudaErrorInvalidValue;
-  const DecodeInstance d = decode_instance(dtype, head_dim);
+  const DecodeInstance d = decode_instance(dtype, head_dim, p.k_new != nullptr);
   const uint32_t grid = uint32_t(p.num_splits) * uint32_t(p.heads_kv) * uint32_t(p.batch);
   return launch_with_dynamic_smem(d.kernel, grid, d.threads, d.smem, stream, p, 1, /*programmatic=*/true);
 }

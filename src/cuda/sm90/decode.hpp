@@ -92,8 +92,9 @@ struct DecodeParams {
 // Whether the decode kernel is compiled for (dtype, head_dim).
 bool has_decode_kernel(DType dtype, int64_t head_dim);
 
-// CTAs of the (dtype, head_dim) instance an SM of the current device holds (the occupancy API; 0: no such instance,
-// -1: the query failed): kDecodeCtasPerSm at d = 128, what the split rule assumes.
+// CTAs of the (dtype, head_dim) instances an SM of the current device holds, the fewer of the appending one's and the
+// other's (the occupancy API; 0: no such instance, -1: the query failed): decode_planned_ctas_per_sm, what the split
+// rule assumes.
 int decode_ctas_per_sm(DType dtype, int head_dim);
 
 // Grid: num_splits × heads_kv × batch CTAs, launched as a programmatic dependent of the stream's previous kernel.
