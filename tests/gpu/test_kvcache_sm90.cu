@@ -285,8 +285,9 @@ TEST(GpuKvCacheSm90, DecodeKernelContiguousAndPaged) {
 // into their slots by the CTA whose range holds them, in one launch (with one range; the combine after several).
 // Appends of 1 key, of keys across two chunks and across ranges, at page boundaries, into a contiguous cache and
 // pages of 16 and 64 rows; k_new and v_new packed, or padded alike (one set of strides), or a k_new whose strides
-// are not v_new's, which takes the append kernel (one launch more). Its out is the append kernel's bit for bit (the
-// kernel reads the same rows, only from elsewhere). In a build whose decode kernel does not append (kDecodeAppends:
+// are not v_new's, which takes the append kernel (one launch more). Its out is the append kernel's bit for bit: the
+// appending decode instance reads the same rows, only from elsewhere, and computes them with the same source as the
+// instance that runs after the append kernel. In a build whose decode kernel does not append (kDecodeAppends:
 // the A/B define off, or the per-warp rings), every call takes the append kernel and FA4_FWD_DECODE_APPEND=1 is
 // refused by name.
 TEST(GpuKvCacheSm90, DecodeKernelAppendsItsNewKeys) {
