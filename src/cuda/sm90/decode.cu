@@ -189,15 +189,20 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
   // is written by the one CTA whose range holds the key, and no CTA of the call reads that slot (the CTA itself
   // read the key from k_new; another sequence may not read a slot this call appends to: kvcache.cpp's contract).
   // The next kernel in the stream sees the writes (its grid-dependency wait is for this grid's completion).
+  // Element offset of key `key`'s row of this kv head (for a KV cache, its slot): the append's and F35's address of
+  // one row (the copies step theirs through the pages instead).
+  auto row_offset = [&](int32_t key) {
+    return (p.page_table != nullptr
+                ? int64_t(pages_of_b[key / page_size]) * p.kv_stride_b + int64_t(key % page_size) * p.kv_stride_s
+                : batch_offset + int64_t(key) * p.kv_stride_s) +
+           int64_t(kv_head) * p.kv_stride_h;
+  };
   auto append_rows = [&](int32_t chunk, int stage) {
     const int32_t first = max(new_begin - chunk * kChunkKeys, 0), end = min(n_keys - chunk * kChunkKeys, kChunkKeys);
     for (int at = int(threadIdx.x) + first * L::kSegments; at < end * L::kSegments; at += L::kThreads) {
       const int r = at / L::kSegments, segment = at % L::kSegments;
       const int32_t key = chunk * kChunkKeys + r;
-      const int64_t slot = (p.page_table != nullptr ? int64_t(pages_of_b[key / page_size]) * p.kv_stride_b +
-                                                          int64_t(key % page_size) * p.kv_stride_s
-                                                    : batch_offset + int64_t(key) * p.kv_stride_s) +
-                           int64_t(kv_head) * p.kv_stride_h + segment * 8;
+      const int64_t slot = row_offset(key) + segment * 8;
       const uint8_t* const k_row = smem + stage * L::kStageBytes + r * L::kRowBytes + segment * 16;
       // k and v are the caches here (DecodeParams::k_new): the call's own tensors, written in place.
       *reinterpret_cast<uint4*>(const_cast<uint16_t*>(static_cast<const uint16_t*>(p.k)) + slot) =
@@ -240,10 +245,7 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
     for (int32_t at = int32_t(threadIdx.x); at < (c_end - first) * kChunkKeys * kLines; at += L::kThreads) {
       const int32_t key = first * kChunkKeys + at / kLines;
       if (key >= n_keys) break;  // `at` only grows
-      const int64_t line = (p.page_table != nullptr ? int64_t(pages_of_b[key / page_size]) * p.kv_stride_b +
-                                                          int64_t(key % page_size) * p.kv_stride_s
-                                                    : batch_offset + int64_t(key) * p.kv_stride_s) +
-                           int64_t(kv_head) * p.kv_stride_h + at % kLines * 64;
+      const int64_t line = row_offset(key) + at % kLines * 64;
       ptx::prefetch_l2(static_cast<const uint16_t*>(p.k) + line);
       ptx::prefetch_l2(static_cast<const uint16_t*>(p.v) + line);
     }

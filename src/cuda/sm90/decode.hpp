@@ -77,10 +77,11 @@ struct DecodeParams {
   // layout, split_combine.hpp) instead of out and lse.
   float* o_partial = nullptr;
   float* lse_partial = nullptr;
-  // A KV-cache call's append (last: the fields above keep their offsets), done by this kernel (perf-log F33; null: nothing to append, or the append kernel ran
-  // first): keys seqused_k[b] .. seqused_k[b] + seqlen_k_added - 1 of sequence b are read from k_new / v_new
-  // [batch, seqlen_k_added, heads_kv, head_dim] (one set of element strides, rows 16-byte aligned), and the CTA whose
-  // range holds such a key writes it into its slot of k and v (which are then the caches the call appends to).
+  // A KV-cache call's append (last: the fields above keep their offsets), done by this kernel (perf-log F33; null:
+  // nothing to append, or the append kernel ran first): keys seqused_k[b] .. seqused_k[b] + seqlen_k_added - 1 of
+  // sequence b are read from k_new / v_new [batch, seqlen_k_added, heads_kv, head_dim] (one set of element strides,
+  // rows 16-byte aligned), and the CTA whose range holds such a key writes it into its slot of k and v (which are
+  // then the caches the call appends to).
   const void* k_new = nullptr;
   const void* v_new = nullptr;
   int64_t new_stride_b = 0, new_stride_s = 0, new_stride_h = 0;
