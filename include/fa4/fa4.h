@@ -127,7 +127,9 @@ fa4_status fa4_workspace_size_varlen(fa4_pass pass, const fa4_tensor* q, const f
  * [batch, seqlen_q, h, d]; k_cache, v_cache: [batch, seqlen_cache, h_kv, d] (contiguous cache, page_table NULL)
  * or [num_pages, page_size, h_kv, d] (paged, page_size a multiple of 16); lse NULL or [batch, h, seqlen_q].
  * k_new, v_new ([batch, seqlen_new, h_kv, d]) are appended into the cache in place at cache_seqlens[b] first.
- * Host int32 metadata; this version runs on the CPU. */
+ * The int32 metadata live where the tensors do: host arrays for CPU tensors (checked entry by entry), device
+ * arrays for CUDA tensors (trusted, as FlashAttention does; asynchronous on `stream`). The workspace:
+ * fa4_workspace_size_kvcache's bytes, or none (stream-ordered memory). */
 typedef struct fa4_kvcache {
   const int32_t* cache_seqlens;   /* [batch]: keys cached per sequence; NULL: every cache full */
   const int32_t* page_table;      /* [batch, max_pages] row-major; NULL: a contiguous cache */
@@ -144,6 +146,11 @@ fa4_status fa4_forward_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, c
 fa4_status fa4_supports_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, const fa4_tensor* v_cache,
                                 const fa4_kvcache* kvcache, const fa4_options* options, char* reason,
                                 size_t reason_bytes);
+
+/* Bytes of workspace fa4_forward_kvcache needs for these arguments (fa4.hpp's workspace_size_kvcache): a function
+ * of the shapes, the options and the GPU, not of the metadata's contents. */
+fa4_status fa4_workspace_size_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, const fa4_tensor* v_cache,
+                                      const fa4_kvcache* kvcache, const fa4_options* options, size_t* bytes);
 
 #ifdef __cplusplus
 }

@@ -166,9 +166,8 @@ std::size_t workspace_size_varlen(Pass pass, const Tensor& q, const Tensor& k, c
 // every key); num_splits splits each sequence's keys. On CPU tensors the metadata are host int32 arrays, checked
 // entry by entry before anything is written; on CUDA tensors (sm_90a) they are device arrays, trusted as
 // FlashAttention does (Options::validate_device_metadata checks every entry on a host copy first), the cache is
-// read in place, and the call is asynchronous on `stream`; its workspace is workspace_size(Pass::forward, q, keys,
-// keys, options) with `keys` any [batch, capacity, heads_kv, head_dim] descriptor of the cache's dtype and device
-// (capacity: seqlen_cache, or max_pages * page_size), none given: stream-ordered memory.
+// read in place, and the call is asynchronous on `stream`; its workspace is workspace_size_kvcache's bytes (none
+// given: stream-ordered memory).
 struct KvCache {
   const int32_t* cache_seqlens = nullptr;  // [batch]: keys already cached per sequence; nullptr: every cache full
   const int32_t* page_table = nullptr;     // [batch, max_pages], row-major; nullptr: a contiguous cache
@@ -183,6 +182,12 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
 
 Support supports_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const KvCache& cache,
                          const Options& options = {});
+
+// Bytes of workspace forward_kvcache needs for these arguments (0 on CPU tensors, and on CUDA where no split-KV
+// range is planned). A function of the shapes, the options and the GPU, never of the metadata's contents (which
+// stay unread on CUDA): size it once per shape and reuse it.
+std::size_t workspace_size_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
+                                   const KvCache& cache, const Options& options = {});
 
 const char* version();
 

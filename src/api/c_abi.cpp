@@ -248,6 +248,17 @@ fa4_status fa4_supports_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, 
   return status;
 }
 
+fa4_status fa4_workspace_size_kvcache(const fa4_tensor* q, const fa4_tensor* k_cache, const fa4_tensor* v_cache,
+                                      const fa4_kvcache* kvcache, const fa4_options* options, size_t* bytes) {
+  return guarded([&] {
+    if (bytes == nullptr)
+      throw fa4::Error(fa4::Status::invalid_argument,
+                       "fa4_workspace_size_kvcache: argument 'bytes': expected a pointer, got NULL");
+    *bytes = fa4::workspace_size_kvcache(to_cpp(q, "q"), to_cpp(k_cache, "k_cache"), to_cpp(v_cache, "v_cache"),
+                                         CppKvCache(kvcache).get(), CppOptions(options).get());
+  });
+}
+
 fa4_status fa4_workspace_size(fa4_pass pass, const fa4_tensor* q, const fa4_tensor* k, const fa4_tensor* v,
                               const fa4_options* options, size_t* bytes) {
   return guarded([&] {

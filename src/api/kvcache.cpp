@@ -328,6 +328,15 @@ void forward_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cac
   }
 }
 
+std::size_t workspace_size_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const KvCache& kv,
+                                   const Options& options) {
+  const char* call = "fa4::workspace_size_kvcache";
+  const Cache c = describe(call, q, k_cache, v_cache, kv, /*read_metadata=*/false);  // sizes only: no entry read
+  detail::check_sink_options(call, options, q.shape[2], q, true);
+  if (q.device != Device::cuda) return 0;  // the CPU backend keeps its scratch internally (detail::workspace_bytes)
+  return detail::workspace_bytes(device_problem(call, c, q, k_cache, v_cache, options), Pass::forward);
+}
+
 Support supports_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const KvCache& kv,
                          const Options& options) {
   try {

@@ -505,6 +505,14 @@ TEST(KvCache, CAbiMatchesTheCppApi) {
   fa4_kvcache kv{b.cached.data(), b.page_table.data(), b.max_pages, &kn, &vn};
   char reason[256];
   ASSERT_EQ(fa4_supports_kvcache(&q, &kc, &vc, &kv, &o, reason, sizeof reason), FA4_OK) << reason;
+  // The workspace query: none on CPU tensors, through either API; a NULL result pointer or kvcache is refused.
+  size_t bytes = 123;
+  ASSERT_EQ(fa4_workspace_size_kvcache(&q, &kc, &vc, &kv, &o, &bytes), FA4_OK) << fa4_last_error();
+  EXPECT_EQ(bytes, 0u);
+  EXPECT_EQ(fa4::workspace_size_kvcache(b.q.desc(), b.k_cache.desc(), b.v_cache.desc(), b.metadata(), b.options), 0u);
+  EXPECT_EQ(fa4_workspace_size_kvcache(&q, &kc, &vc, &kv, &o, nullptr), FA4_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa4_last_error()).find("'bytes'"), std::string::npos) << fa4_last_error();
+  EXPECT_EQ(fa4_workspace_size_kvcache(&q, &kc, &vc, nullptr, &o, &bytes), FA4_ERROR_INVALID_ARGUMENT);
   ASSERT_EQ(fa4_forward_kvcache(&q, &kc, &vc, &out, &lse, &kv, &o, nullptr, 0, nullptr), FA4_OK) << fa4_last_error();
   EXPECT_EQ(b.out.values(), a.out.values());
   EXPECT_EQ(b.lse.values(), a.lse.values());

@@ -44,7 +44,7 @@ struct CacheCase {
   int64_t k_new_pad_rows = 0;  // k_new a view of [batch, seqlen_new + this, ...]: strides unlike v_new's
   int64_t v_new_pad_rows = 0;  // the same for v_new (both padded alike: one set of strides, not packed)
   size_t expect_kernels = 0;   // > 0: the call's launches, counted in a captured copy of it
-  bool caller_workspace = false;  // sized as fa4.hpp's KvCache says, NaN-poisoned; else none (stream-ordered)
+  bool caller_workspace = false;  // workspace_size_kvcache's bytes, NaN-poisoned; else none (stream-ordered)
   std::string name() const {
     std::string s = std::string(fa4::to_string(dtype)) + " d" + std::to_string(head_dim) + " h" +
                     std::to_string(heads_q) + "/" + std::to_string(heads_kv) + " sq" + std::to_string(seqlen_q) +
@@ -136,10 +136,12 @@ std::vector<uint16_t> check_kvcache(const CacheCase& c) {
   if (c.seqlen_new > 0) kv.k_new = &d_kn_desc, kv.v_new = &d_vn_desc;
   fa4::Workspace workspace;
   void* ws = nullptr;
-  if (c.caller_workspace) {  // the forward's, of q against a [batch, capacity, heads_kv, head_dim] view of the cache
+  if (c.caller_workspace) {  // workspace_size_kvcache's bytes: the forward's, of q against the cache as [batch,
+                             // capacity, heads_kv, head_dim] (the recipe it replaced, checked equal here)
+    const size_t bytes = fa4::workspace_size_kvcache(d_q.desc(), d_kc.desc(), d_vc.desc(), kv, c.options);
     Tensor keys = Tensor::contiguous(d_kc.desc().data, c.dtype, fa4::Device::cuda, {batch, c.capacity, hk, d});
     keys.device_index = d_kc.desc().device_index;
-    const size_t bytes = fa4::workspace_size(fa4::Pass::forward, d_q.desc(), keys, keys, c.options);
+    EXPECT_EQ(bytes, fa4::workspace_size(fa4::Pass::forward, d_q.desc(), keys, keys, c.options));
     EXPECT_EQ(cudaMalloc(&ws, std::max<size_t>(bytes, 1)), cudaSuccess);
     EXPECT_EQ(cudaMemset(ws, 0xFF, std::max<size_t>(bytes, 1)), cudaSuccess);
     workspace = {ws, bytes};

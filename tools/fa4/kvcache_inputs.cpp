@@ -124,9 +124,7 @@ KvCacheDevice::KvCacheDevice(const KvCacheInputs& inputs)
 }
 
 size_t KvCacheDevice::workspace_bytes(const Options& opts) const {
-  Tensor keys = Tensor::contiguous(kc->desc().data, in.dtype, Device::cuda, {in.batch, in.capacity, in.hk, in.d});
-  keys.device_index = kc->desc().device_index;
-  return workspace_size(Pass::forward, q->desc(), keys, keys, opts);
+  return workspace_size_kvcache(q->desc(), kc->desc(), vc->desc(), kv(), opts);
 }
 
 KvCache KvCacheDevice::kv() const {

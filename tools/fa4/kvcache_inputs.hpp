@@ -51,8 +51,7 @@ struct KvCacheDevice {
   void call(const Options& opts, Workspace workspace = {}) const {
     forward_kvcache(q->desc(), kc->desc(), vc->desc(), out->desc(), nullptr, kv(), opts, workspace);
   }
-  // Bytes of workspace the call needs, asked as fa4.hpp's KvCache says: the forward's, of q against a [batch,
-  // capacity, heads_kv, head_dim] view of the cache.
+  // Bytes of workspace the call needs (workspace_size_kvcache).
   size_t workspace_bytes(const Options& opts) const;
 
   const KvCacheInputs& in;
