@@ -184,8 +184,8 @@ Support supports_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v
                          const Options& options = {});
 
 // Bytes of workspace forward_kvcache needs for these arguments (0 on CPU tensors, and on CUDA where no split-KV
-// range is planned). A function of the shapes, the options and the GPU, never of the metadata's contents (which
-// stay unread on CUDA): size it once per shape and reuse it.
+// range is planned). A function of the shapes, max_pages, the options and the GPU, never of the metadata's
+// contents (which stay unread): size it once per shape and reuse it.
 std::size_t workspace_size_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache,
                                    const KvCache& cache, const Options& options = {});
 

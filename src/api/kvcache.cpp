@@ -280,7 +280,7 @@ void forward_kvcache_device(const char* call, const Cache& c, const Tensor& q, c
     }
     describe(call, q, kc, vc, host, /*read_metadata=*/true);
   }
-  detail::check_workspace(call, p, Pass::forward, workspace, stream);
+  detail::check_workspace(call, p, Pass::forward, workspace, stream, "workspace_size_kvcache");
   sm90::KvCacheArgs args;
   args.cache_seqlens = kv.cache_seqlens;
   args.page_table = kv.page_table;
@@ -333,8 +333,13 @@ std::size_t workspace_size_kvcache(const Tensor& q, const Tensor& k_cache, const
   const char* call = "fa4::workspace_size_kvcache";
   const Cache c = describe(call, q, k_cache, v_cache, kv, /*read_metadata=*/false);  // sizes only: no entry read
   detail::check_sink_options(call, options, q.shape[2], q, true);
-  if (q.device != Device::cuda) return 0;  // the CPU backend keeps its scratch internally (detail::workspace_bytes)
-  return detail::workspace_bytes(device_problem(call, c, q, k_cache, v_cache, options), Pass::forward);
+  if (q.device == Device::cuda)
+    return detail::workspace_bytes(device_problem(call, c, q, k_cache, v_cache, options), Pass::forward);
+  // CPU: the options checked as each sequence's call checks them (no check there depends on a sequence's key
+  // count), against the cache as [batch, capacity, heads_kv, head_dim]; the CPU backend keeps its scratch itself.
+  const Tensor keys =
+      Tensor::contiguous(k_cache.data, k_cache.dtype, k_cache.device, {c.batch, c.capacity, c.heads_kv, c.head_dim});
+  return detail::workspace_bytes(detail::validate_inputs(call, q, keys, keys, options), Pass::forward);
 }
 
 Support supports_kvcache(const Tensor& q, const Tensor& k_cache, const Tensor& v_cache, const KvCache& kv,

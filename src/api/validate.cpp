@@ -93,13 +93,13 @@ void check_lse(const char* call, const Tensor& lse, const Problem& p, const Tens
 
 }  // namespace
 
-void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws, Stream stream) {
+void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws, Stream stream, const char* size_query) {
   const std::size_t need = workspace_bytes(p, pass);
   // No workspace at all ({nullptr, 0}) is allowed: the backend then takes what it needs from the stream-ordered
   // allocator (README). A workspace that is given must be large enough.
   const bool none_given = ws.data == nullptr && ws.bytes == 0;
   if (!none_given && ws.bytes < need)
-    invalid(call, "workspace", std::to_string(need) + " bytes (see workspace_size), or none", std::to_string(ws.bytes) + " bytes");
+    invalid(call, "workspace", std::to_string(need) + " bytes (see " + size_query + "), or none", std::to_string(ws.bytes) + " bytes");
   if (ws.bytes > 0 && ws.data == nullptr) invalid(call, "workspace", "a data pointer for " + std::to_string(ws.bytes) + " bytes", "null");
   if (p.device == Device::cpu && stream != nullptr) invalid(call, "stream", "null for cpu tensors", "a CUDA stream");
 }

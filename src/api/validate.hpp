@@ -52,7 +52,9 @@ void check_gradients_apart(const char* call, const Tensor& q, const Tensor& k, c
 
 // The caller's workspace: none ({nullptr, 0}: the backend allocates stream-ordered), or at least
 // workspace_bytes(p, pass) at a non-null pointer; a CPU call takes no stream.
-void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws, Stream stream);
+// size_query: the function a caller sizes this call's workspace with (named in the refusal).
+void check_workspace(const char* call, const Problem& p, Pass pass, Workspace ws, Stream stream,
+                     const char* size_query = "workspace_size");
 
 // Whether a varlen / KV-cache call on CUDA tensors checks its device metadata first: options.validate_device_metadata,
 // or FA4_VALIDATE=1 in the environment (read at each such call).

@@ -280,7 +280,7 @@ void backward_varlen_device(const Tensor& q, const Tensor& k, const Tensor& v, c
   detail::check_gradients_apart(call, q, k, v, out, dout, lse, dq, dk, dv, options);
   const Tensor dout_rows = rows_view(dout, 0, q.shape[0]);
   detail::require_backward_layout(call, d.p, dout_rows);
-  detail::check_workspace(call, d.p, Pass::backward, workspace, stream);
+  detail::check_workspace(call, d.p, Pass::backward, workspace, stream, "workspace_size_varlen");
 #if defined(FA4_WITH_SM90)
   check_device_metadata(call, q, k, v, vl, options, stream);
   sm90::backward_varlen(d.p, d.q, d.k, d.v, rows_view(out, 0, q.shape[0]), dout_rows, lse,

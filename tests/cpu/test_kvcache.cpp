@@ -524,6 +524,8 @@ TEST(KvCache, CAbiMatchesTheCppApi) {
   o.num_splits = -1;
   EXPECT_EQ(fa4_supports_kvcache(&q, &kc, &vc, &kv, &o, reason, sizeof reason), FA4_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(reason).find("'options.num_splits'"), std::string::npos) << reason;
+  EXPECT_EQ(fa4_workspace_size_kvcache(&q, &kc, &vc, &kv, &o, &bytes), FA4_ERROR_INVALID_ARGUMENT);  // as the call
+  EXPECT_NE(std::string(fa4_last_error()).find("'options.num_splits'"), std::string::npos) << fa4_last_error();
   o.struct_size = uint32_t(offsetof(fa4_options, num_splits));
   EXPECT_EQ(fa4_supports_kvcache(&q, &kc, &vc, &kv, &o, reason, sizeof reason), FA4_OK) << reason;
 }
