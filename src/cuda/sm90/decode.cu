@@ -17,7 +17,6 @@
 #include <type_traits>
 
 #include "cuda/ptx/mma_sync.cuh"
-#include "cuda/ptx/prefetch.cuh"
 #include "cuda/sm90/quad.cuh"
 #include "cuda/sm90/tiles.cuh"
 #include "numerics/convert.hpp"
@@ -234,23 +233,6 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
                       : 0u;
     }
 
-#if FA4_AB_DECODE_PREFETCH
-  // F35: the range's chunks past the next one (which the loop copies at once) into L2 now, so that their copies,
-  // issued one chunk ahead, wait for L2, not DRAM. The threads over (chunk, row, 128-byte line) of this kv head's
-  // rows, each prefetching the K and the V line of one row (one page lookup for both).
-  if (p.prefetch_range) {
-    constexpr int kLines = HeadDim * 2 / 128;
-    static_assert(HeadDim * 2 % 128 == 0, "whole 128-byte lines per row");
-    const int32_t first = c_begin + kDecodeStages;
-    for (int32_t at = int32_t(threadIdx.x); at < (c_end - first) * kChunkKeys * kLines; at += L::kThreads) {
-      const int32_t key = first * kChunkKeys + at / kLines;
-      if (key >= n_keys) break;  // `at` only grows
-      const int64_t line = row_offset(key) + at % kLines * 64;
-      ptx::prefetch_l2(static_cast<const uint16_t*>(p.k) + line);
-      ptx::prefetch_l2(static_cast<const uint16_t*>(p.v) + line);
-    }
-  }
-#endif
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8; l summed over the quad at the end
   float o[L::kColumns / 8][4];  // columns col0 + 8·j + c, + 1

@@ -26,9 +26,6 @@ inline constexpr int kDecodeChunkKeys = 64;  // keys per step of a CTA (16 per k
 #ifndef FA4_AB_DECODE_WARP_RINGS  // 1: each warp copies and waits for its own rows (decode.cu; perf-log F28b)
 #define FA4_AB_DECODE_WARP_RINGS 0
 #endif
-#ifndef FA4_AB_DECODE_PREFETCH  // 1: a CTA's key range past its first copies pulled into L2 (decode.cu; perf-log F35)
-#define FA4_AB_DECODE_PREFETCH 0
-#endif
 #ifndef FA4_AB_DECODE_COLUMN_HALVES  // 1: at d = 128 eight warps, two per 16 keys, each P·V on half of the columns
 #define FA4_AB_DECODE_COLUMN_HALVES 0   // (decode.cu; perf-log F34)
 #endif
@@ -85,9 +82,6 @@ struct DecodeParams {
   const void* k_new = nullptr;
   const void* v_new = nullptr;
   int64_t new_stride_b = 0, new_stride_s = 0, new_stride_h = 0;
-  // F35 (FA4_AB_DECODE_PREFETCH builds): each CTA pulls the chunks of its range that its first copies do not cover
-  // into L2 at its start (set where the call's K and V fit in L2).
-  bool prefetch_range = false;
 };
 
 // Whether the decode kernel is compiled for (dtype, head_dim).

@@ -339,15 +339,12 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //   FA4_FWD_DECODE_APPEND (perf-log F33; default 1 where the build's decode kernel appends, kDecodeAppends, and
 //     refused as 1 where it does not): a KV-cache call on the decode kernel appends its new keys in that kernel
 //     (decode_kernel_appends); 0 launches the append kernel before it, as the forward kernel's calls do.
-//   FA4_FWD_DECODE_PREFETCH (perf-log F35; default 1 in builds with -DFA4_AB_DECODE_PREFETCH=1, refused as 1 in
-//     others): the decode kernel's CTAs pull their key ranges into L2 at their start (decode_prefetches).
 struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
   enum class DecodeKernel { never, short_ranges, always } decode_kernel = DecodeKernel::short_ranges;
   bool decode_append = kDecodeAppends;  // the decode kernel appends a KV-cache call's new keys (decode_kernel_appends)
-  bool decode_prefetch = FA4_AB_DECODE_PREFETCH;  // its CTAs pull their ranges into L2 (decode_prefetches)
 };
 FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
   const char* env = std::getenv("FA4_FWD_DECODE_KERNEL");
@@ -371,9 +368,7 @@ FwdSwitches read_fwd_switches(const char* call) {
           env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), decode_kernel_switch(call),
           build_switch(call, "FA4_FWD_DECODE_APPEND", kDecodeAppends,
                        "its decode kernel does not append: built with -DFA4_AB_DECODE_APPEND=0 or "
-                       "-DFA4_AB_DECODE_WARP_RINGS=1"),
-          build_switch(call, "FA4_FWD_DECODE_PREFETCH", FA4_AB_DECODE_PREFETCH,
-                       "its decode kernel does not prefetch: built without -DFA4_AB_DECODE_PREFETCH=1")};
+                       "-DFA4_AB_DECODE_WARP_RINGS=1")};
 }
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
@@ -513,15 +508,6 @@ bool decode_kernel_appends(const FwdSwitches& switches, const KvCacheArgs& cache
          rows_16b(*cache.k_new) && rows_16b(*cache.v_new) && same_strides(*cache.k_new, *cache.v_new, true);
 }
 
-// Whether the decode kernel's CTAs pull their ranges into L2 (DecodeParams::prefetch_range; perf-log F35): where the
-// call's K and V (its capacity, for a KV cache) fit in L2, so that the lines are still there when copied. The whole
-// L2, not lpt_section's half: each line is read once, by the CTA that prefetched it, within one wave.
-bool decode_prefetches(const FwdSwitches& switches, const detail::Problem& p) {
-  if (!switches.decode_prefetch) return false;
-  const int64_t l2_bytes = device_attribute(p.device_index, cudaDevAttrL2CacheSize).value_or(0);
-  return 2 * p.batch * p.heads_kv * p.seqlen_k * p.head_dim * int64_t(element_size(p.dtype)) <= l2_bytes;
-}
-
 // A call decode_kernel_applies to, on the decode kernel: the plan's split count (and so its workspace), a KV-cache
 // call's append (in the kernel where decode_kernel_appends, else the append kernel first), the combine after a split.
 void run_decode(const char* call, const FwdSwitches& switches, const detail::Problem& p, const FwdPlan& plan,
@@ -543,7 +529,6 @@ void run_decode(const char* call, const FwdSwitches& switches, const detail::Pro
     d.new_stride_b = stride[kBatch], d.new_stride_s = stride[kSeq], d.new_stride_h = stride[kHeads];
   }
   d.batch = int32_t(p.batch), d.heads_kv = int32_t(p.heads_kv), d.group = int32_t(p.group());
-  d.prefetch_range = decode_prefetches(switches, p);
   d.num_splits = plan.splits;
   d.score = num::ScoreTransform::make(p.scale, p.softcap);
   d.rescale_threshold = p.rescale_threshold;
