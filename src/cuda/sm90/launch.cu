@@ -335,7 +335,9 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //   FA4_FWD_DECODE_KERNEL (default 1; perf-log F27): a call decode_kernel_applies to runs on the decode kernel
 //     (decode.cu) instead of the forward kernel's decode row where its key ranges are short (1: at most
 //     kDecodeMaxRangeKeys keys each), or always (2), or never (0); its ranges are merged by the combine kernel,
-//     whatever FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's).
+//     whatever FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's). 3 (F36, an A/B candidate): as 1,
+//     but only where the forward kernel's own plan splits the keys (its tiles alone cannot fill the SMs), so that
+//     a large batch runs unsplit on the forward kernel.
 //   FA4_FWD_DECODE_APPEND (perf-log F33; default 1 where the build's decode kernel appends, kDecodeAppends, and
 //     refused as 1 where it does not): a KV-cache call on the decode kernel appends its new keys in that kernel
 //     (decode_kernel_appends); 0 launches the append kernel before it, as the forward kernel's calls do.
@@ -343,7 +345,8 @@ struct FwdSwitches {
   bool prologue_turn = true;
   bool cluster_combine = false;
   bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
-  enum class DecodeKernel { never, short_ranges, always } decode_kernel = DecodeKernel::short_ranges;
+  enum class DecodeKernel { never, short_ranges, always, short_ranges_where_split } decode_kernel =
+      DecodeKernel::short_ranges;
   bool decode_append = kDecodeAppends;  // the decode kernel appends a KV-cache call's new keys (decode_kernel_appends)
 };
 FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
@@ -352,8 +355,9 @@ FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
   if (value.empty() || value == "1") return FwdSwitches::DecodeKernel::short_ranges;
   if (value == "0") return FwdSwitches::DecodeKernel::never;
   if (value == "2") return FwdSwitches::DecodeKernel::always;
+  if (value == "3") return FwdSwitches::DecodeKernel::short_ranges_where_split;
   throw Error(Status::invalid_argument,
-              std::string(call) + ": environment FA4_FWD_DECODE_KERNEL: expected 0, 1 or 2, got '" + value + "'");
+              std::string(call) + ": environment FA4_FWD_DECODE_KERNEL: expected 0, 1, 2 or 3, got '" + value + "'");
 }
 // An environment switch of a feature a build may lack: default `built`, and "1" refused by name where it is not.
 bool build_switch(const char* call, const char* name, bool built, const char* why_not) {
@@ -575,10 +579,11 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   // 4k 15.0 -> 12.4 µs, 256 keys a range) and loses where it is bandwidth, as its issue rate caps it near 3.1-3.8
   // TB/s (b = 1 32k 43.0 -> 49.3 µs, b = 8 16k 133 -> 176, 2048-8192 keys a range; on the H100, 3.0 TB/s, it won
   // those by 5-12%: perf-log F27).
-  const bool short_ranges = plan.decode_splits > 0 &&
-                            (p.seqlen_k + plan.decode_splits - 1) / plan.decode_splits <= kDecodeMaxRangeKeys;
-  // A forced tile row (ScopedFwdRow: the tests' sweep of every row) is the forward kernel's.
   using DecodeKernel = FwdSwitches::DecodeKernel;
+  const bool short_ranges = plan.decode_splits > 0 &&
+                            (p.seqlen_k + plan.decode_splits - 1) / plan.decode_splits <= kDecodeMaxRangeKeys &&
+                            (switches.decode_kernel != DecodeKernel::short_ranges_where_split || plan.splits > 1);
+  // A forced tile row (ScopedFwdRow: the tests' sweep of every row) is the forward kernel's.
   if (switches.decode_kernel != DecodeKernel::never && forced_fwd_row < 0 && decode_kernel_applies(p, q_in, k, v) &&
       (short_ranges || switches.decode_kernel == DecodeKernel::always)) {
     FwdPlan decode = plan;
