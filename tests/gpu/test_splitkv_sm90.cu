@@ -232,6 +232,36 @@ TEST(GpuSplitKvSm90, DecodeKernelMatchesTheReference) {
                               << " of " << cases << " calls: is FA4_FWD_DECODE_KERNEL reaching it?";
 }
 
+// F36's switch (FA4_FWD_DECODE_KERNEL=3): the decode kernel only where the forward kernel's plan splits. b = 16,
+// 32/8 heads (128 packed tiles: no split on a GPU of 132 SMs or fewer) runs the forward kernel, bit for bit as =0;
+// b = 2 (16 tiles: split) the decode kernel, bit for bit as =1 (the default) and unlike =0. Each against the
+// reference as well.
+TEST(GpuSplitKvSm90, DecodeKernelOnlyWhereTheForwardPlanSplits) {
+  REQUIRE_SM90();
+  uint64_t seed = 7500;
+  int checked = 0;
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false)) {
+    if (head_dim != 128) continue;
+    for (const int64_t batch : {16, 2}) {
+      SplitCase c = split_case({batch, 1, 1024, 32, 8, false, -1, 0.0f}, dtype, head_dim, 0, ++seed);
+      auto run = [&](const char* kernel) {
+        const EnvOverride env("FA4_FWD_DECODE_KERNEL", kernel);
+        return run_split_case(c, /*with_reference=*/false).out_bytes;
+      };
+      const auto forward = run("0"), by_default = run("1"), f36 = run("3");
+      {
+        const EnvOverride env("FA4_FWD_DECODE_KERNEL", "3");
+        check_split_case(c);
+      }
+      SCOPED_TRACE("batch " + std::to_string(batch));
+      EXPECT_NE(forward, by_default) << "the default should run the decode kernel here";
+      EXPECT_EQ(f36, batch == 16 ? forward : by_default);
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0) << "no d = 128 forward instance compiled";
+}
+
 TEST(GpuSplitKvSm90, TooSmallWorkspaceIsRefusedByName) {
   REQUIRE_SM90();
   SplitCase c;

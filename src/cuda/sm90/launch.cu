@@ -336,8 +336,8 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     (decode.cu) instead of the forward kernel's decode row where its key ranges are short (1: at most
 //     kDecodeMaxRangeKeys keys each), or always (2), or never (0); its ranges are merged by the combine kernel,
 //     whatever FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's). 3 (F36, an A/B candidate): as 1,
-//     but only where the forward kernel's own plan splits the keys (its tiles alone cannot fill the SMs), so that
-//     a large batch runs unsplit on the forward kernel.
+//     but only where the forward kernel's own plan splits the keys (plan.splits > 1: the caller's count, or its
+//     tiles at most half the SMs), so that a larger batch runs unsplit on the forward kernel.
 //   FA4_FWD_DECODE_APPEND (perf-log F33; default 1 where the build's decode kernel appends, kDecodeAppends, and
 //     refused as 1 where it does not): a KV-cache call on the decode kernel appends its new keys in that kernel
 //     (decode_kernel_appends); 0 launches the append kernel before it, as the forward kernel's calls do.
@@ -579,13 +579,14 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   // 4k 15.0 -> 12.4 µs, 256 keys a range) and loses where it is bandwidth, as its issue rate caps it near 3.1-3.8
   // TB/s (b = 1 32k 43.0 -> 49.3 µs, b = 8 16k 133 -> 176, 2048-8192 keys a range; on the H100, 3.0 TB/s, it won
   // those by 5-12%: perf-log F27).
+  // Under FA4_FWD_DECODE_KERNEL=3 (F36), only where the forward kernel's plan splits as well.
   using DecodeKernel = FwdSwitches::DecodeKernel;
-  const bool short_ranges = plan.decode_splits > 0 &&
-                            (p.seqlen_k + plan.decode_splits - 1) / plan.decode_splits <= kDecodeMaxRangeKeys &&
-                            (switches.decode_kernel != DecodeKernel::short_ranges_where_split || plan.splits > 1);
+  const bool decode_chosen = plan.decode_splits > 0 &&
+                             (p.seqlen_k + plan.decode_splits - 1) / plan.decode_splits <= kDecodeMaxRangeKeys &&
+                             (switches.decode_kernel != DecodeKernel::short_ranges_where_split || plan.splits > 1);
   // A forced tile row (ScopedFwdRow: the tests' sweep of every row) is the forward kernel's.
   if (switches.decode_kernel != DecodeKernel::never && forced_fwd_row < 0 && decode_kernel_applies(p, q_in, k, v) &&
-      (short_ranges || switches.decode_kernel == DecodeKernel::always)) {
+      (decode_chosen || switches.decode_kernel == DecodeKernel::always)) {
     FwdPlan decode = plan;
     decode.splits = plan.decode_splits;  // its ranges; the workspace holds either kernel's partials
     return run_decode(call, switches, p, decode, q_in, k, v, out_in, lse_in, cache, workspace, stream);
