@@ -242,8 +242,16 @@ void require_all(const Cache& c, const Tensor& q, const Tensor& kc, const Option
   }
 }
 
+// The cache's keys as one contiguous [batch, capacity, heads_kv, head_dim] tensor on its device: the shape checks
+// and the workspace size see a paged cache through it (no entry of it is read).
+Tensor capacity_view(const Cache& c, const Tensor& kc) {
+  Tensor keys = Tensor::contiguous(kc.data, kc.dtype, kc.device, {c.batch, c.capacity, c.heads_kv, c.head_dim});
+  keys.device_index = kc.device_index;
+  return keys;
+}
+
 // CUDA tensors: the problem the kernels run, validated on q against the keys as [batch, capacity, heads_kv,
-// head_dim] (the contiguous cache itself; for a paged one a view of that shape, and the pages' own layout).
+// head_dim] (the contiguous cache itself; for a paged one capacity_view, and the pages' own layout).
 detail::Problem device_problem(const char* call, const Cache& c, const Tensor& q, const Tensor& kc, const Tensor& vc,
                                const Options& options) {
   if (!c.paged) return detail::validate_inputs(call, q, kc, vc, options);
@@ -254,10 +262,8 @@ detail::Problem device_problem(const char* call, const Cache& c, const Tensor& q
   if (kc.shape[0] == 0 && c.max_pages > 0)
     invalid(call, "k_cache", "at least one page (kvcache.max_pages is " + str(c.max_pages) + ")",
             detail::shape_string(kc));
-  const Tensor keys = Tensor::contiguous(kc.data, kc.dtype, kc.device, {c.batch, c.capacity, c.heads_kv, c.head_dim});
-  Tensor keys_on_device = keys;
-  keys_on_device.device_index = kc.device_index;
-  const detail::Problem p = detail::validate_inputs(call, q, keys_on_device, keys_on_device, options);
+  const Tensor keys = capacity_view(c, kc);
+  const detail::Problem p = detail::validate_inputs(call, q, keys, keys, options);
   detail::require_layout(call, p, q, kc, vc);  // the pages as [num_pages, page_size, heads_kv, head_dim]
   return p;
 }
@@ -336,9 +342,8 @@ std::size_t workspace_size_kvcache(const Tensor& q, const Tensor& k_cache, const
   if (q.device == Device::cuda)
     return detail::workspace_bytes(device_problem(call, c, q, k_cache, v_cache, options), Pass::forward);
   // CPU: the options checked as each sequence's call checks them (no check there depends on a sequence's key
-  // count), against the cache as [batch, capacity, heads_kv, head_dim]; the CPU backend keeps its scratch itself.
-  const Tensor keys =
-      Tensor::contiguous(k_cache.data, k_cache.dtype, k_cache.device, {c.batch, c.capacity, c.heads_kv, c.head_dim});
+  // count), against capacity_view; the CPU backend keeps its scratch itself.
+  const Tensor keys = capacity_view(c, k_cache);
   return detail::workspace_bytes(detail::validate_inputs(call, q, keys, keys, options), Pass::forward);
 }
 

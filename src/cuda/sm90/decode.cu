@@ -188,8 +188,8 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
   // is written by the one CTA whose range holds the key, and no CTA of the call reads that slot (the CTA itself
   // read the key from k_new; another sequence may not read a slot this call appends to: kvcache.cpp's contract).
   // The next kernel in the stream sees the writes (its grid-dependency wait is for this grid's completion).
-  // Element offset of key `key`'s row of this kv head (for a KV cache, its slot): the append's and F35's address of
-  // one row (the copies step theirs through the pages instead).
+  // Element offset of key `key`'s row of this kv head (for a KV cache, its slot): the append's address of one row
+  // (the copies step theirs through the pages instead).
   auto row_offset = [&](int32_t key) {
     return (p.page_table != nullptr
                 ? int64_t(pages_of_b[key / page_size]) * p.kv_stride_b + int64_t(key % page_size) * p.kv_stride_s
@@ -232,7 +232,6 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
                       ? *reinterpret_cast<const uint32_t*>(q + (int64_t(kv_head) * p.group + row) * p.q_stride_h + col)
                       : 0u;
     }
-
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};  // rows g and g + 8; l summed over the quad at the end
   float o[L::kColumns / 8][4];  // columns col0 + 8·j + c, + 1
