@@ -18,23 +18,35 @@ _DTYPE_CODES = {torch.float32: _capi.F32, torch.float16: _capi.F16, torch.bfloat
                 torch.float64: _capi.F64}
 
 
-def describe(call, name, t):
-    """The fa4_tensor of a torch tensor (its storage, shape and strides as they are)."""
+def _kind(call, name, t):
+    """(dtype code, device, device index) of a torch tensor's fa4_tensor."""
     code = _DTYPE_CODES.get(t.dtype)
     if code is None:
         raise InvalidArgumentError(f"{call}: argument '{name}': expected dtype float32, float16, bfloat16 or "
                                    f"float64, got {t.dtype}")
     # is_cuda / get_device() rather than t.device, which builds a torch.device per access (host cost, issue 12).
     if t.is_cuda:
-        device, index = _capi.CUDA, t.get_device()
-    elif t.is_cpu:
-        device, index = _capi.CPU, 0
-    else:
-        raise InvalidArgumentError(f"{call}: argument '{name}': expected a cpu or cuda tensor, got device "
-                                   f"{t.device}")
+        return code, _capi.CUDA, t.get_device()
+    if t.is_cpu:
+        return code, _capi.CPU, 0
+    raise InvalidArgumentError(f"{call}: argument '{name}': expected a cpu or cuda tensor, got device {t.device}")
+
+
+def describe(call, name, t):
+    """The fa4_tensor of a torch tensor (its storage, shape and strides as they are)."""
+    code, device, index = _kind(call, name, t)
     if t.dim() == 4:  # the dense call's tensors: packed here, one Python call less each (issue 12's host cost)
         return _capi.PACK_TENSOR(t.data_ptr(), code, device, index, 4, *t.shape, *t.stride())
     return _capi.tensor(call, name, t.data_ptr() or None, code, device, index, t.shape, t.stride())
+
+
+def _describe_fresh(t, kind, shape):
+    """The fa4_tensor of t, a rank-4 tensor just made contiguous with this kind (_kind) and shape: its strides are
+    torch's contiguous ones (a size-0 dim counting as 1), computed rather than asked (issue 12's host cost)."""
+    b, s, h, d = shape
+    s2 = max(d, 1)
+    s1 = s2 * max(h, 1)
+    return _capi.PACK_TENSOR(t.data_ptr(), *kind, 4, b, s, h, d, s1 * max(s, 1), s1, s2, 1)
 
 
 def _tma_readable_dout(dout):
@@ -55,10 +67,17 @@ def _lse_shape(q):
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
+# The current CUDA device without torch.cuda.current_device()'s Python wrapper (host cost): a CUDA tensor exists,
+# so CUDA is initialized. The public call is the fallback.
+_current_device = getattr(torch._C, "_cuda_getDevice", None)
+
+
 def _device_guard(q):
     # Kernels launch on the current device: make it q's (nothing to do in the common single-GPU case).
-    if q.is_cuda and q.get_device() != torch.cuda.current_device():
-        return torch.cuda.device(q.get_device())
+    if q.is_cuda:
+        index = q.get_device()
+        if index != (_current_device() if _current_device is not None else torch.cuda.current_device()):
+            return torch.cuda.device(index)
     return contextlib.nullcontext()
 
 
@@ -403,7 +422,7 @@ def _int32_metadata(call, name, t, q, rank, rows):
     """t (cache_seqlens: rank 1, page_table: rank 2) is a contiguous int32 tensor on q's device with `rows` rows."""
     # Devices compared through is_cuda / get_device(): t.device builds a torch.device per access (host cost).
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != rank or not t.is_contiguous() \
-            or t.is_cuda != q.is_cuda or t.is_cpu != q.is_cpu or (t.is_cuda and t.get_device() != q.get_device()) \
+            or not ((t.is_cuda and t.get_device() == q.get_device()) if q.is_cuda else t.is_cpu) \
             or t.shape[0] != rows:
         got = (f"{t.dtype} shape {list(t.shape)}{'' if t.is_contiguous() else ' non-contiguous'} on {t.device}"
                if isinstance(t, torch.Tensor) else type(t).__name__)
@@ -427,8 +446,11 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device) if need_lse else None
     # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
     # non-unit head_dim stride).
-    q_d, k_cache_d, v_cache_d = describe(call, "q", q), describe(call, "k_cache", k_cache), describe(call, "v_cache",
-                                                                                                    v_cache)
+    # q's kind and shape serve out's descriptor too (out is made like q).
+    q_kind, q_shape = _kind(call, "q", q), q.shape
+    q_d = _capi.PACK_TENSOR(q.data_ptr(), *q_kind, 4, *q_shape, *q.stride())
+    k_cache_d, v_cache_d = describe(call, "k_cache", k_cache), describe(call, "v_cache", v_cache)
+    out_d = _describe_fresh(out, q_kind, q_shape)
     kvcache = _capi.KvCache(None if cache_seqlens is None else cache_seqlens.data_ptr(),
                             None if page_table is None else page_table.data_ptr(),
                             0 if page_table is None else page_table.shape[1],
@@ -437,7 +459,7 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
                             sinks=_sinks(call, learnable_sink), num_splits=num_splits)
     with _device_guard(q):
-        _capi.forward_kvcache(q_d, k_cache_d, v_cache_d, describe(call, "out", out),
+        _capi.forward_kvcache(q_d, k_cache_d, v_cache_d, out_d,
                               None if lse is None else describe(call, "lse", lse), kvcache, options, None, 0, _stream(q))
     return out, lse
 

@@ -232,10 +232,10 @@ TEST(GpuSplitKvSm90, DecodeKernelMatchesTheReference) {
                               << " of " << cases << " calls: is FA4_FWD_DECODE_KERNEL reaching it?";
 }
 
-// F36's switch (FA4_FWD_DECODE_KERNEL=3): the decode kernel only where the forward kernel's plan splits. b = 16,
-// 32/8 heads (128 packed tiles: no split on a GPU of 132 SMs or fewer) runs the forward kernel, bit for bit as =0;
-// b = 2 (16 tiles: split) the decode kernel, bit for bit as =1 (the default) and unlike =0. Each against the
-// reference as well.
+// The default rule (FA4_FWD_DECODE_KERNEL unset = 3, F36): the decode kernel only where the forward kernel's plan
+// splits. b = 16, 32/8 heads (128 packed tiles: no split on a GPU of 132 SMs or fewer) runs the forward kernel, bit
+// for bit as =0 and unlike =1 (F27's rule: wherever the ranges are short); b = 2 (16 tiles: split) the decode
+// kernel, bit for bit as =1 and unlike =0. Each against the reference as well.
 TEST(GpuSplitKvSm90, DecodeKernelOnlyWhereTheForwardPlanSplits) {
   REQUIRE_SM90();
   uint64_t seed = 7500;
@@ -248,14 +248,12 @@ TEST(GpuSplitKvSm90, DecodeKernelOnlyWhereTheForwardPlanSplits) {
         const EnvOverride env("FA4_FWD_DECODE_KERNEL", kernel);
         return run_split_case(c, /*with_reference=*/false).out_bytes;
       };
-      const auto forward = run("0"), by_default = run("1"), f36 = run("3");
-      {
-        const EnvOverride env("FA4_FWD_DECODE_KERNEL", "3");
-        check_split_case(c);
-      }
+      const auto forward = run("0"), short_ranges = run("1"), explicit_default = run("3"), by_default = run(nullptr);
+      check_split_case(c);
       SCOPED_TRACE("batch " + std::to_string(batch));
-      EXPECT_NE(forward, by_default) << "the default should run the decode kernel here";
-      EXPECT_EQ(f36, batch == 16 ? forward : by_default);
+      EXPECT_NE(forward, short_ranges) << "F27's rule should run the decode kernel here";
+      EXPECT_EQ(by_default, batch == 16 ? forward : short_ranges);
+      EXPECT_EQ(explicit_default, by_default);
       ++checked;
     }
   }

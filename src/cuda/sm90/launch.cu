@@ -332,12 +332,13 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     ranges can run as one cluster (merges_in_cluster), instead of the combine kernel.
 //   FA4_FWD_VARLEN_COUNTER (default 1; perf-log F24): a variable-length batch's tiles handed out by the tile
 //     counter; 0 walks them in a fixed stride.
-//   FA4_FWD_DECODE_KERNEL (default 1; perf-log F27): a call decode_kernel_applies to runs on the decode kernel
-//     (decode.cu) instead of the forward kernel's decode row where its key ranges are short (1: at most
-//     kDecodeMaxRangeKeys keys each), or always (2), or never (0); its ranges are merged by the combine kernel,
-//     whatever FA4_FWD_CLUSTER_COMBINE says (that merge is the forward kernel's). 3 (F36, an A/B candidate): as 1,
-//     but only where the forward kernel's own plan splits the keys (plan.splits > 1: the caller's count, or its
-//     tiles at most half the SMs), so that a larger batch runs unsplit on the forward kernel.
+//   FA4_FWD_DECODE_KERNEL (default 3; perf-log F27, F36): a call decode_kernel_applies to runs on the decode
+//     kernel (decode.cu) instead of the forward kernel's decode row where its key ranges are short (at most
+//     kDecodeMaxRangeKeys keys each) and the forward kernel's own plan splits the keys too (3: plan.splits > 1, the
+//     caller's count or its tiles at most half the SMs; a larger batch runs unsplit on the forward kernel, 3-13%
+//     faster on the H100 at b = 16-128), or wherever its ranges are short (1, F27's rule), or always (2), or never
+//     (0); its ranges are merged by the combine kernel, whatever FA4_FWD_CLUSTER_COMBINE says (that merge is the
+//     forward kernel's).
 //   FA4_FWD_DECODE_APPEND (perf-log F33; default 1 where the build's decode kernel appends, kDecodeAppends, and
 //     refused as 1 where it does not): a KV-cache call on the decode kernel appends its new keys in that kernel
 //     (decode_kernel_appends); 0 launches the append kernel before it, as the forward kernel's calls do.
@@ -346,16 +347,16 @@ struct FwdSwitches {
   bool cluster_combine = false;
   bool varlen_counter = true;  // a variable-length batch's tiles handed out by the counter (scheduler.cuh; F24)
   enum class DecodeKernel { never, short_ranges, always, short_ranges_where_split } decode_kernel =
-      DecodeKernel::short_ranges;
+      DecodeKernel::short_ranges_where_split;
   bool decode_append = kDecodeAppends;  // the decode kernel appends a KV-cache call's new keys (decode_kernel_appends)
 };
 FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
   const char* env = std::getenv("FA4_FWD_DECODE_KERNEL");
   const std::string value = env != nullptr ? env : "";
-  if (value.empty() || value == "1") return FwdSwitches::DecodeKernel::short_ranges;
+  if (value.empty() || value == "3") return FwdSwitches::DecodeKernel::short_ranges_where_split;
   if (value == "0") return FwdSwitches::DecodeKernel::never;
+  if (value == "1") return FwdSwitches::DecodeKernel::short_ranges;
   if (value == "2") return FwdSwitches::DecodeKernel::always;
-  if (value == "3") return FwdSwitches::DecodeKernel::short_ranges_where_split;
   throw Error(Status::invalid_argument,
               std::string(call) + ": environment FA4_FWD_DECODE_KERNEL: expected 0, 1, 2 or 3, got '" + value + "'");
 }
@@ -579,7 +580,9 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   // 4k 15.0 -> 12.4 µs, 256 keys a range) and loses where it is bandwidth, as its issue rate caps it near 3.1-3.8
   // TB/s (b = 1 32k 43.0 -> 49.3 µs, b = 8 16k 133 -> 176, 2048-8192 keys a range; on the H100, 3.0 TB/s, it won
   // those by 5-12%: perf-log F27).
-  // Under FA4_FWD_DECODE_KERNEL=3 (F36), only where the forward kernel's plan splits as well.
+  // By default (FA4_FWD_DECODE_KERNEL=3, F36) only where the forward kernel's plan splits as well: at larger
+  // batches the decode rule splits only to avoid a wave tail, which the forward kernel does not need (H100, 32/8
+  // heads, s_k = 1k: b = 16 31.6 -> 27.4 µs, b = 64 100.0 -> 92.8; b = 64 s_k = 2k 191 -> 177).
   using DecodeKernel = FwdSwitches::DecodeKernel;
   const bool decode_chosen = plan.decode_splits > 0 &&
                              (p.seqlen_k + plan.decode_splits - 1) / plan.decode_splits <= kDecodeMaxRangeKeys &&
