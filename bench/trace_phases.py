@@ -7,7 +7,8 @@
 Phases (consumer events, src/trace/format.hpp): the gap between a tile's end and the next tile's begin; begin to
 the first S issued, and the waits inside it by kind (q, k with the turn, tile_slot); the first S; the first
 softmax; to the second S; steady steps (S issue to the next S issue, or to the last P·V issue); the last softmax
-to the last P·V; the last P·V; the epilogue. The file format is trace.cpp's (write_trace), version 1."""
+to the last P·V; the last P·V; the epilogue, and the waits inside it (stage_free: the previous tile's O store
+reading its staging rows; barrier: the warpgroup's barrier before the store). The file format is trace.cpp's (write_trace), version 1."""
 
 import statistics
 import struct
@@ -78,7 +79,7 @@ def tile_phases(events, phases):
         elif k == "s_issue":
             if not tile["s"]:
                 for what in ("q", "k", "tile_slot"):
-                    phases[f"  of which waiting for {what}"].append(waits.get(what, 0))
+                    phases[f"before the first S: waiting for {what}"].append(waits.get(what, 0))
             tile["s"].append(t)
         elif k in ("s_done", "pv_issue", "pv_done"):
             tile[k if k != "pv_issue" else "pv"].append(t)
@@ -86,8 +87,13 @@ def tile_phases(events, phases):
             tile["sm_begin"].append(t)
         elif k == "softmax_end":
             tile["sm_end"].append(t)
-        elif k in ("epilogue_begin", "epilogue_end"):
+        elif k == "epilogue_begin":
             tile[k] = t
+            waits = defaultdict(int)
+        elif k == "epilogue_end":
+            tile[k] = t
+            for what in ("stage_free", "barrier"):
+                phases[f"in the epilogue: waiting for {what}"].append(waits.get(what, 0))
         elif k == "tile_end":
             last_end = t
             s, sm_b, sm_e, pv = tile["s"], tile["sm_begin"], tile["sm_end"], tile["pv"]
@@ -107,7 +113,7 @@ def tile_phases(events, phases):
                 phases["last softmax end -> last P.V issued"].append(pv[-1] - sm_e[-1])
                 phases["last P.V issued -> landed"].append(tile["pv_done"][-1] - pv[-1])
                 phases["last P.V landed -> epilogue begin"].append(tile["epilogue_begin"] - tile["pv_done"][-1])
-                phases["epilogue"].append(tile["epilogue_end"] - tile["epilogue_begin"])
+                phases["epilogue (begin to end)"].append(tile["epilogue_end"] - tile["epilogue_begin"])
             tile = None
 
 

@@ -20,6 +20,7 @@
 #include "cuda/sm90/params.hpp"
 #include "cuda/sm90/scheduler.cuh"
 #include "cuda/sm90/split_combine.cuh"
+#include "cuda/trace/recorder.cuh"
 #include "numerics/online_softmax.hpp"
 
 namespace fa4::sm90 {
@@ -35,7 +36,8 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
                                               const WorkTile& tile, int consumer,
                                               ConsumerStages<FwdConfig<Row>::kStages>& st, bool by_tma,
                                               bool release_q, bool no_key,
-                                              ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows) {
+                                              ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows,
+                                              trace::Recorder& rec) {
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
   constexpr int kBlockM = Config::kBlockM;
@@ -84,8 +86,10 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     uint8_t* const staging = o_staging(smem, consumer);
     const uint32_t barrier = static_cast<uint32_t>(NamedBarrier::first_epilogue) + uint32_t(consumer);
     if constexpr (Config::kSeparateOStaging) {  // the previous tile's store may still be reading the staging rows
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       if (thread == 0) ptx::tma_store_wait_read<0>();
       ptx::named_barrier_sync(barrier, kWarpgroupThreads);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
     }
 #pragma unroll
     for (int i = 0; i < HeadDim / 2; i += 2) {
@@ -95,8 +99,11 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
       uint8_t* chunk = staging + (col / kSw128Columns) * kBlockM * ptx::kSw128RowBytes;
       *reinterpret_cast<uint32_t*>(chunk + ptx::sw128_offset(local_row0 + 8 * h, col % kSw128Columns, 2)) = pair;
     }
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::barrier);
     ptx::fence_proxy_async_shared_cta();  // the generic writes above, before the async-proxy store reads them
     ptx::named_barrier_sync(barrier, kWarpgroupThreads);
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::barrier);
+    FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::out);
     if (thread == 0 && rows_begin < p.seqlen_q) {
 #pragma unroll
       for (int chunk = 0; chunk < HeadDim / kSw128Columns; ++chunk) {

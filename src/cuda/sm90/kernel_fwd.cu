@@ -65,7 +65,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
       for (int i = 0; i < Config::kHeadDim / 2; ++i) o.reg[i] = 0.0f;
       FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
       epilogue_role<In, Row, Varlen>(p, geo, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false,
-                                     /*no_key=*/true, o, rows);
+                                     /*no_key=*/true, o, rows, rec);
       FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
       FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
       continue;
@@ -73,7 +73,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     mma_softmax_role<In, Row, Varlen>(p, geo, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows, rec);
     FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
     epilogue_role<In, Row, Varlen>(p, geo, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q,
-                                   /*no_key=*/false, o, rows);
+                                   /*no_key=*/false, o, rows, rec);
     FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
     FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
     ++st.q;

@@ -278,7 +278,9 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const cuda::Pipeline<1> q_ring(smem.q_ring);
   const TensorCoreTurn<Config::kTensorCoreTurns ? Config::kConsumerWarpgroups : 1> turn(consumer);
   turn.start();
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
   q_ring.consumer_wait(st.q);
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::q);
   auto s_done = [&](int32_t n_block) {  // the S of n_block has landed: its K (and after the last, Q) is free
     release_per_warp(k_ring, st.k);
     ++st.k;
