@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cuda/ptx/stmatrix.cuh"
 #include "cuda/ptx/swizzle.hpp"
 #include "cuda/ptx/tma.cuh"
 #include "cuda/ptx/wgmma.cuh"
@@ -151,6 +152,40 @@ __device__ __forceinline__ float exp2_mufu(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// A generic pointer into shared memory as the 32-bit shared-window address PTX takes.
+__device__ __forceinline__ uint32_t smem_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Writes 64 × 16 slices (16-bit A fragments, i.e. the accumulator as wgmma's A operand rounds it) into a
+// [cols/64 chunks][TileRows][128 B] 128B-swizzled tile at rows row0.., columns col0..: the backward's Pᵀ and dSᵀ
+// (keys are rows, queries the columns), the forward's O staging (epilogue.cuh). One stmatrix.x4 per
+// warp and slice: each lane addresses one 16-byte row segment, and the swizzle puts a matrix's 8 rows in 8
+// distinct 16-byte bank groups.
+template <int TileRows, int K>
+__device__ __forceinline__ void store_fragments16(uint8_t* tile, const ptx::WgmmaFragmentA (&frags)[K], int row0,
+                                                  int col0) {
+  const int thread = threadIdx.x % kWarpgroupThreads, lane = thread % 32;
+  const uint32_t row = uint32_t(row0 + 16 * (thread / 32) + ptx::stmatrix_x4_row(lane));
+  const uint32_t base = smem_address(tile);
+#pragma unroll
+  for (int kb = 0; kb < K; ++kb) {
+    const uint32_t col = uint32_t(col0 + 16 * kb + ptx::stmatrix_x4_col(lane));
+    ptx::stmatrix_x4(base + (col / 64) * uint32_t(TileRows) * ptx::kSw128RowBytes + ptx::sw128_offset(row, col % 64, 2),
+                     frags[kb].reg[0], frags[kb].reg[1], frags[kb].reg[2], frags[kb].reg[3]);
+  }
+}
+
+// The same from a 64 × N accumulator (rounded here).
+template <ptx::WgmmaInput In, int N, int TileRows>
+__device__ __forceinline__ void store_tile16(uint8_t* tile, const ptx::WgmmaAccumulator<N>& acc, int row0, int col0) {
+  static_assert(N % 16 == 0, "whole 16-column slices");
+  ptx::WgmmaFragmentA frags[N / 16];
+#pragma unroll
+  for (int kb = 0; kb < N / 16; ++kb) frags[kb] = ptx::fragment_a_from_accumulator<In>(acc, kb);
+  store_fragments16<TileRows>(tile, frags, row0, col0);
 }
 
 }  // namespace fa4::sm90

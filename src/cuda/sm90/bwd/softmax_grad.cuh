@@ -1,5 +1,6 @@
 // Pieces both backward consumer roles use (mma.cuh: warpgroups own keys; mma_wide.cuh: warpgroups share the keys
-// and split the head dim): Pᵀ and dSᵀ of a tile from Sᵀ, dPᵀ, LSE₂ and D, and their 16-bit store to shared memory.
+// and split the head dim): Pᵀ and dSᵀ of a tile from Sᵀ, dPᵀ, LSE₂ and D (their 16-bit store to shared memory is
+// tiles.cuh's store_tile16).
 #pragma once
 
 #include <cstdint>
@@ -13,10 +14,6 @@
 #include "cuda/trace/recorder.cuh"
 
 namespace fa4::sm90 {
-
-__device__ __forceinline__ uint32_t smem_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Pᵀ and dSᵀ of one tile in place (s: Sᵀ -> Pᵀ, dp: dPᵀ -> dSᵀ), for this thread's key rows key[2] and the
 // tile's queries from query0 (col_base: this thread's column-pair offset). lse/dsum: the stage's LSE₂ and D.
@@ -101,34 +98,6 @@ __device__ __forceinline__ void softmax_grad_tile(const BwdParams& p, const Work
     softmax_grad_tile_body<BlockM, true>(p, work, s, dp, lse, dsum, key, query0, col_base, rec, m_block);
   else
     softmax_grad_tile_body<BlockM, false>(p, work, s, dp, lse, dsum, key, query0, col_base, rec, m_block);
-}
-
-// Writes 64 × 16 slices (16-bit A fragments, i.e. the accumulator as wgmma's A operand rounds it) into a
-// [cols/64 chunks][TileRows][128 B] 128B-swizzled tile at rows row0.., columns col0..: the backward's Pᵀ and dSᵀ
-// (keys are rows, queries the columns). One stmatrix.x4 per warp and slice: each lane addresses one 16-byte row
-// segment, and the swizzle puts a matrix's 8 rows in 8 distinct 16-byte bank groups.
-template <int TileRows, int K>
-__device__ __forceinline__ void store_fragments16(uint8_t* tile, const ptx::WgmmaFragmentA (&frags)[K], int row0,
-                                                  int col0) {
-  const int thread = threadIdx.x % kWarpgroupThreads, lane = thread % 32;
-  const uint32_t row = uint32_t(row0 + 16 * (thread / 32) + ptx::stmatrix_x4_row(lane));
-  const uint32_t base = smem_address(tile);
-#pragma unroll
-  for (int kb = 0; kb < K; ++kb) {
-    const uint32_t col = uint32_t(col0 + 16 * kb + ptx::stmatrix_x4_col(lane));
-    ptx::stmatrix_x4(base + (col / 64) * uint32_t(TileRows) * ptx::kSw128RowBytes + ptx::sw128_offset(row, col % 64, 2),
-                     frags[kb].reg[0], frags[kb].reg[1], frags[kb].reg[2], frags[kb].reg[3]);
-  }
-}
-
-// The same from a 64 × N accumulator (rounded here).
-template <ptx::WgmmaInput In, int N, int TileRows>
-__device__ __forceinline__ void store_tile16(uint8_t* tile, const ptx::WgmmaAccumulator<N>& acc, int row0, int col0) {
-  static_assert(N % 16 == 0, "whole 16-column slices");
-  ptx::WgmmaFragmentA frags[N / 16];
-#pragma unroll
-  for (int kb = 0; kb < N / 16; ++kb) frags[kb] = ptx::fragment_a_from_accumulator<In>(acc, kb);
-  store_fragments16<TileRows>(tile, frags, row0, col0);
 }
 
 }  // namespace fa4::sm90
