@@ -4,8 +4,8 @@
 
     python3 bench/trace_phases.py TRACE.fa4trace [...]
 
-Phases (consumer events, src/trace/format.hpp): the gap between a tile's end and the next tile's begin; begin to
-the first S issued, and the waits inside it by kind (q, k with the turn, tile_slot); the first S; the first
+Phases (consumer events, src/trace/format.hpp): the gap between a tile's end and the next tile's begin, and its
+wait for the tile's index (tile_slot); begin to the first S issued, and the waits inside it (q; k with the turn); the first S; the first
 softmax; to the second S; steady steps (S issue to the next S issue, or to the last P·V issue); the last softmax
 to the last P·V; the last P·V; the epilogue, and the waits inside it (stage_free: the previous tile's O store
 reading its staging rows; barrier: the warpgroup's barrier before the store). The file format is trace.cpp's (write_trace), version 1."""
@@ -53,7 +53,8 @@ def read_trace(path):
         n = min(counts[cta * writers + writer], capacity)
         return [EVENT.unpack_from(data, start + i * EVENT.size) for i in range(n)]
 
-    return kernel, shape, ctas, names, slice_of
+    dropped = sum(max(c - capacity, 0) for c in counts)
+    return kernel, shape, ctas, names, slice_of, dropped
 
 
 def tile_phases(events, phases):
@@ -70,16 +71,16 @@ def tile_phases(events, phases):
             waits[wait_from[1]] += t - wait_from[0]
             wait_from = None
         if k == "tile_begin":
-            if last_end is not None:
+            if last_end is not None:  # the gap holds the wait for the next tile's index
                 phases["gap: tile end -> next tile begin"].append(t - last_end)
+                phases["gap: waiting for tile_slot"].append(waits.get("tile_slot", 0))
             tile = {"begin": t, "s": [], "s_done": [], "sm_begin": [], "sm_end": [], "pv": [], "pv_done": []}
             waits = defaultdict(int)
         elif tile is None:
             continue
         elif k == "s_issue":
             if not tile["s"]:
-                for what in ("q", "k", "tile_slot"):
-                    phases[f"before the first S: waiting for {what}"].append(waits.get(what, 0))
+                tile["pre_waits"] = {what: waits.get(what, 0) for what in ("q", "k")}
             tile["s"].append(t)
         elif k in ("s_done", "pv_issue", "pv_done"):
             tile[k if k != "pv_issue" else "pv"].append(t)
@@ -92,15 +93,17 @@ def tile_phases(events, phases):
             waits = defaultdict(int)
         elif k == "epilogue_end":
             tile[k] = t
-            for what in ("stage_free", "barrier"):
-                phases[f"in the epilogue: waiting for {what}"].append(waits.get(what, 0))
+            tile["epilogue_waits"] = {what: waits.get(what, 0) for what in ("stage_free", "barrier")}
         elif k == "tile_end":
             last_end = t
+            waits = defaultdict(int)
             s, sm_b, sm_e, pv = tile["s"], tile["sm_begin"], tile["sm_end"], tile["pv"]
             if s and sm_e and pv and tile["pv_done"] and "epilogue_begin" in tile and "epilogue_end" in tile:
                 phases["steps (K/V tiles) per tile"].append(len(s))
                 phases["tile, begin to end"].append(t - tile["begin"])
                 phases["begin -> first S issued"].append(s[0] - tile["begin"])
+                for what, ns in tile.get("pre_waits", {}).items():
+                    phases[f"  of which waiting for {what}"].append(ns)
                 if tile["s_done"]:
                     phases["first S issued -> landed"].append(tile["s_done"][0] - s[0])
                 phases["first softmax"].append(sm_e[0] - sm_b[0])
@@ -114,13 +117,17 @@ def tile_phases(events, phases):
                 phases["last P.V issued -> landed"].append(tile["pv_done"][-1] - pv[-1])
                 phases["last P.V landed -> epilogue begin"].append(tile["epilogue_begin"] - tile["pv_done"][-1])
                 phases["epilogue (begin to end)"].append(tile["epilogue_end"] - tile["epilogue_begin"])
+                for what, ns in tile.get("epilogue_waits", {}).items():
+                    phases[f"  of which waiting for {what}"].append(ns)
             tile = None
 
 
 def main(paths):
     for path in paths:
-        kernel, shape, ctas, names, slice_of = read_trace(path)
+        kernel, shape, ctas, names, slice_of, dropped = read_trace(path)
         print(f"{path}\n  {kernel} | {shape}")
+        if dropped:
+            print(f"  WARNING: {dropped} events were dropped (full slices): the phases cover the recorded ones")
         for w, name in enumerate(names):
             if not name.startswith("consumer"):
                 continue

@@ -146,9 +146,10 @@ void run_trace(const TraceArgs& a) {
     throw Error(Status::unsupported,
                 "fa4 trace: this build does not record traces; configure a separate build with -DFA4_TRACE=ON, e.g. "
                 "cmake -S . -B build-trace -DFA4_TRACE=ON && cmake --build build-trace --target fa4_cli");
-  // The decode kernel (taken by default for a forward of one query over short key ranges) has no trace points: the
-  // forward kernel's decode row is what a trace of one query shows, unless the caller chose with
-  // FA4_FWD_DECODE_KERNEL (a call that then runs on the decode kernel records nothing, and says so).
+  // The decode kernel (taken by default for a forward of one query over short key ranges where the forward kernel
+  // would split the keys too) has no trace points: the forward kernel's decode row is what a trace of one query
+  // shows, unless the caller chose with FA4_FWD_DECODE_KERNEL (a call that then runs on the decode kernel records
+  // nothing, and says so).
   const int64_t queries = a.kvcache.empty() ? pa.sq() : (pa.seqlen_q >= 0 ? pa.seqlen_q : 1);  // kvcache_inputs.cpp
   const char* decode_kernel = std::getenv("FA4_FWD_DECODE_KERNEL");
   if ((decode_kernel == nullptr || *decode_kernel == '\0') && queries == 1 && a.pass != "bwd") {

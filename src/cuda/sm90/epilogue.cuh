@@ -101,8 +101,8 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     ptx::fence_proxy_async_shared_cta();  // the generic writes above, before the async-proxy store reads them
     ptx::named_barrier_sync(barrier, kWarpgroupThreads);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::barrier);
-    FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::out);
-    if (thread == 0 && rows_begin < p.seqlen_q) {
+    if (thread == 0 && rows_begin < p.seqlen_q) {  // thread 0 is the trace's writer: the event marks a real store
+      FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::out);
 #pragma unroll
       for (int chunk = 0; chunk < HeadDim / kSw128Columns; ++chunk) {
         const int32_t coords[4] = {chunk * kSw128Columns, int32_t(rows_begin), tile.head, tile.batch};
