@@ -105,7 +105,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
   const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
   auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
   ConsumerStages<Config::kStages, Config::kQStages> st;
-  const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
+  [[maybe_unused]] const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
   trace::Recorder rec(FA4_TRACE_SINK(p), fwd_trace_consumer_writer(consumer), threadIdx.x % kWarpgroupThreads == 0);
   if constexpr (Config::kQStages > 1) {
     consumer_loop_first_s_in_tail<In, Row, Varlen>(p, smem, consumer, tile_ring, tile_stage, st, rec);

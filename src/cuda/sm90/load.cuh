@@ -160,7 +160,8 @@ __device__ __forceinline__ void v_load_role(const FwdParams& p, FwdSharedStorage
 }
 
 // Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once the
-// consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q so
+// consumers have released that Q stage's previous tile: the previous tile, or with F39's two stages the one
+// before it), the first V, and the remaining K/V pairs. The first K goes before Q so
 // that it streams while the consumers finish the previous tile.
 // Varlen: a tile's rows and keys start at its sequence's offsets in the packed tensors (mapped as batch 1).
 template <int Row, bool Varlen>
@@ -248,7 +249,7 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
       ++q_stage;
     };
-    // K first: Q's stage frees only at the previous tile's last S.
+    // K first: Q's stage frees only at the last S of its previous tile (one stage: the previous tile).
     load_k(range.begin, kv_stage);
     load_q();
     load_v(range.begin, kv_stage);

@@ -236,9 +236,9 @@ struct FirstSInTail {
   bool more = false;
   bool merged = false;
 };
-// Ends an accumulator's live range for the compiler (an empty asm that "writes" every register, no instruction):
-// F39's carried S is loop-carried but read only where the previous tail wrote it, which the compiler cannot see;
-// without this it keeps those 64-128 registers live through every steady step and spills.
+// Starts an accumulator's live range afresh for the compiler (an empty asm that "writes" every register, no
+// instruction): F39 issues the carried S into registers whose old value no one reads, but the wgmma's "+f"
+// operands read them, which would keep the previous value live through every steady step.
 template <int N>
 __device__ __forceinline__ void forget(ptx::WgmmaAccumulator<N>& acc) {
 #pragma unroll
@@ -333,10 +333,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
       FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, range.begin);
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(*carried_s, kb);
-      forget(*carried_s);
     }
   } else {
-    if constexpr (Tail::kMerges) forget(*carried_s);
     S s;
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
     k_ring.consumer_wait(st.k);
@@ -428,8 +426,9 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   v_ring.consumer_wait(st.v);
   if constexpr (Tail::kMerges) {
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-    // F39: the next tile read now (the producer published it before loading this tile's last V, so this waits
-    // for nothing that needs this tile's progress); its first S issued in this turn, after the P·V, into the
+    // F39: the next tile read now (the producer publishes it once it has issued this tile's loads, which the
+    // last V's arrival proves, and needs only the slot of the tile before this one, released when that was read);
+    // its first S issued in this turn, after the P·V, into the
     // carried accumulator, its Q from the other stage. Both GEMMs are waited for here, before the epilogue's
     // branches (a wgmma in flight across them serializes every wgmma: perf-log F37a).
     tail->more = tail->read_next(tail->next);
@@ -448,6 +447,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
     FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, range.end - 1);
     if (tail->merged) {
+      forget(*carried_s);  // a fresh S: the old value is dead (the wgmma's "+f" operands would read it)
       issue_qk<In, HeadDim, kBlockN>(*carried_s, q_rows_of(q_next.index), kQChunkBytes, k_addr(st.k.index));
       FA4_TRACE_RECORD(rec, trace::Kind::s_issue, tail->next.range.begin);
     }
@@ -456,7 +456,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     turn.hand_over(!tail->merged);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(o);
-    ptx::wgmma_fence_operand(*carried_s);
+    if (tail->merged) ptx::wgmma_fence_operand(*carried_s);
     FA4_TRACE_RECORD(rec, trace::Kind::pv_done, range.end - 1);
     release_per_warp(v_ring, st.v);
     ++st.v;
