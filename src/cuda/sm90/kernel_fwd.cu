@@ -30,6 +30,26 @@ enum class Role { load, mma_softmax_epilogue };
 
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
 
+// The next tile index the producer publishes: lane 0 reads the slot, the warp takes the index by shuffle, then
+// lane 0 releases the slot. One reader and one arrival per warp (a thread each cost d = 64 13%, perf-log G8), and
+// racecheck sees no read to pair with the producer's next write. The release follows the shuffle so that every
+// lane has finished its wait on this phase of the slot before the producer can refill it.
+template <int Row>
+__device__ __forceinline__ int32_t read_tile_slot(FwdSharedStorage<Row>& smem,
+                                                  const cuda::Pipeline<kTileRingStages>& tile_ring,
+                                                  cuda::PipelineState<kTileRingStages>& tile_stage,
+                                                  trace::Recorder& rec) {
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
+  tile_ring.consumer_wait(tile_stage);
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
+  int32_t linear = 0;
+  if (threadIdx.x % 32 == 0) linear = smem.tile_slot[tile_stage.index];
+  linear = __shfl_sync(0xffffffffu, linear, 0);
+  if (threadIdx.x % 32 == 0) tile_ring.consumer_release(tile_stage);
+  ++tile_stage;
+  return linear;
+}
+
 // F39's consumer loop (FA4_AB_FIRST_S_IN_TAIL, rows with two Q stages, where O has staging of its own): each
 // tile's tail reads the next tile and issues its first S in the last P·V's turn (mma_softmax_role's
 // FirstSInTail), so a tile starts from that S's softmax. Else as consumer_role's own loop.
@@ -46,16 +66,9 @@ __device__ __forceinline__ void consumer_loop_first_s_in_tail(
     SeqGeometry geo;  // varlen: the tile's sequence; dense: unused (p's sizes and mask)
     KvTileRange range;
   };
-  // The next published tile (the slot read as in consumer_role's loop); false at the end of the walk.
+  // The next published tile; false at the end of the walk.
   auto read_next = [&](Tile& t) {
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
-    tile_ring.consumer_wait(tile_stage);
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
-    int32_t linear = 0;
-    if (threadIdx.x % 32 == 0) linear = smem.tile_slot[tile_stage.index];
-    linear = __shfl_sync(0xffffffffu, linear, 0);
-    if (threadIdx.x % 32 == 0) tile_ring.consumer_release(tile_stage);
-    ++tile_stage;
+    const int32_t linear = read_tile_slot(smem, tile_ring, tile_stage, rec);
     if (linear >= p.order.num_tiles()) return false;
     t.linear = linear;
     t.tile = p.order.tile(linear);
@@ -111,18 +124,7 @@ __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStora
     consumer_loop_first_s_in_tail<In, Row, Varlen>(p, smem, consumer, tile_ring, tile_stage, st, rec);
   } else {
     for (;;) {
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
-      tile_ring.consumer_wait(tile_stage);
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
-      // Lane 0 reads the slot, the warp takes the index by shuffle, then lane 0 releases the slot. One reader and
-      // one arrival per warp (a thread each cost d = 64 13%, perf-log G8), and racecheck sees no read to pair
-      // with the producer's next write. The release follows the shuffle so that every lane has finished its wait
-      // on this phase of the slot before the producer can refill it.
-      int32_t linear = 0;
-      if (threadIdx.x % 32 == 0) linear = smem.tile_slot[tile_stage.index];
-      linear = __shfl_sync(0xffffffffu, linear, 0);
-      if (threadIdx.x % 32 == 0) tile_ring.consumer_release(tile_stage);
-      ++tile_stage;
+      const int32_t linear = read_tile_slot(smem, tile_ring, tile_stage, rec);
       if (linear >= p.order.num_tiles()) break;
 
       FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, linear);
