@@ -50,10 +50,6 @@
 #define FA4_AB_PAGED_V_WARP 1
 #endif
 
-#ifndef FA4_AB_FIRST_S_IN_TAIL
-#define FA4_AB_FIRST_S_IN_TAIL 0
-#endif
-
 namespace fa4::sm90 {
 
 struct FwdTile {
@@ -168,13 +164,6 @@ struct FwdConfig {
   // can load, as soon as the last S is computed), else in the warpgroup's rows of the Q tile.
   static constexpr uint32_t kOTileBytes = kQTileBytes;
   static constexpr bool kSeparateOStaging = kTileBytes + kOTileBytes + 2048 + kSmemAlignSlack <= kSmemPerBlockMax;
-  // F39 (an A/B define, FA4_AB_FIRST_S_IN_TAIL): a second Q stage where it fits beside O's own staging, so that
-  // the next work tile's Q is in place when this tile's last P·V is issued, and its first S goes in that turn.
-  static constexpr int kQStages = FA4_AB_FIRST_S_IN_TAIL && kSeparateOStaging &&
-                                          kTileBytes + kQTileBytes + kOTileBytes + 2048 + kSmemAlignSlack <=
-                                              kSmemPerBlockMax
-                                      ? 2
-                                      : 1;
 
   static_assert(kConsumerWarpgroups >= 1 && kConsumerWarpgroups <= kMaxConsumerWarpgroups,
                 "one consumer warpgroup, or two or three taking round-robin turns (NamedBarrier ids)");

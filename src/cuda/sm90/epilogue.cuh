@@ -35,8 +35,7 @@ namespace fa4::sm90 {
 template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeometry& geo, FwdSharedStorage<Row>& smem,
                                               const WorkTile& tile, int consumer,
-                                              ConsumerStages<FwdConfig<Row>::kStages, FwdConfig<Row>::kQStages>& st,
-                                              bool by_tma,
+                                              ConsumerStages<FwdConfig<Row>::kStages>& st, bool by_tma,
                                               bool release_q, bool no_key,
                                               ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows,
                                               trace::Recorder& rec) {
@@ -114,7 +113,7 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     if (release_q) {
       if (thread == 0) ptx::tma_store_wait_read<0>();
       ptx::named_barrier_sync(barrier, kWarpgroupThreads);
-      release_per_warp(cuda::Pipeline<FwdConfig<Row>::kQStages>(smem.q_ring), st.q);
+      release_per_warp(cuda::Pipeline<1>(smem.q_ring), st.q);
     }
     return;
   }

@@ -30,128 +30,53 @@ enum class Role { load, mma_softmax_epilogue };
 
 __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ? Role::load : Role::mma_softmax_epilogue; }
 
-// The next tile index the producer publishes: lane 0 reads the slot, the warp takes the index by shuffle, then
-// lane 0 releases the slot. One reader and one arrival per warp (a thread each cost d = 64 13%, perf-log G8), and
-// racecheck sees no read to pair with the producer's next write. The release follows the shuffle so that every
-// lane has finished its wait on this phase of the slot before the producer can refill it.
-template <int Row>
-__device__ __forceinline__ int32_t read_tile_slot(FwdSharedStorage<Row>& smem,
-                                                  const cuda::Pipeline<kTileRingStages>& tile_ring,
-                                                  cuda::PipelineState<kTileRingStages>& tile_stage,
-                                                  trace::Recorder& rec) {
-  FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
-  tile_ring.consumer_wait(tile_stage);
-  FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
-  int32_t linear = 0;
-  if (threadIdx.x % 32 == 0) linear = smem.tile_slot[tile_stage.index];
-  linear = __shfl_sync(0xffffffffu, linear, 0);
-  if (threadIdx.x % 32 == 0) tile_ring.consumer_release(tile_stage);
-  ++tile_stage;
-  return linear;
-}
-
-// F39's consumer loop (FA4_AB_FIRST_S_IN_TAIL, rows with two Q stages, where O has staging of its own): each
-// tile's tail reads the next tile and issues its first S in the last P·V's turn (mma_softmax_role's
-// FirstSInTail), so a tile starts from that S's softmax. Else as consumer_role's own loop.
-template <ptx::WgmmaInput In, int Row, bool Varlen>
-__device__ __forceinline__ void consumer_loop_first_s_in_tail(
-    const FwdParams& p, FwdSharedStorage<Row>& smem, int consumer, const cuda::Pipeline<kTileRingStages>& tile_ring,
-    cuda::PipelineState<kTileRingStages>& tile_stage,
-    ConsumerStages<FwdConfig<Row>::kStages, FwdConfig<Row>::kQStages>& st, trace::Recorder& rec) {
-  using Config = FwdConfig<Row>;
-  static_assert(Config::kSeparateOStaging, "the epilogue must not stage O in Q's rows: Q is released at the last S");
-  struct Tile {
-    int32_t linear = 0;
-    WorkTile tile{};
-    SeqGeometry geo;  // varlen: the tile's sequence; dense: unused (p's sizes and mask)
-    KvTileRange range;
-  };
-  // The next published tile; false at the end of the walk.
-  auto read_next = [&](Tile& t) {
-    const int32_t linear = read_tile_slot(smem, tile_ring, tile_stage, rec);
-    if (linear >= p.order.num_tiles()) return false;
-    t.linear = linear;
-    t.tile = p.order.tile(linear);
-    t.range = tile_kv_range<Config::kBlockM, Config::kBlockN, Varlen>(p, t.tile, t.geo);
-    return true;
-  };
-  Tile cur;
-  bool more = read_next(cur);
-  ptx::WgmmaAccumulator<Config::kBlockN> carried_s;
-  bool carried = false;  // cur's first S is in carried_s (the previous tail's)
-  while (more) {
-    FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, cur.linear);
-    ptx::WgmmaAccumulator<Config::kHeadDim> o;
-    RowState rows = initial_rows(p, cur.tile.head);
-    if (cur.range.empty()) {  // as consumer_role: O = 0, LSE = -inf (or the sink); nothing loaded
-#pragma unroll
-      for (int i = 0; i < Config::kHeadDim / 2; ++i) o.reg[i] = 0.0f;
-      FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, cur.linear);
-      epilogue_role<In, Row, Varlen>(p, cur.geo, smem, cur.tile, consumer, st, /*by_tma=*/false, /*release_q=*/false,
-                                     /*no_key=*/true, o, rows, rec);
-      FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, cur.linear);
-      FA4_TRACE_RECORD(rec, trace::Kind::tile_end, cur.linear);
-      more = read_next(cur);
-      carried = false;
-      continue;
-    }
-    Tile next;
-    FirstSInTail<decltype(read_next), Tile> tail{read_next, next};
-    mma_softmax_role<In, Row, Varlen>(p, cur.geo, smem, cur.tile, cur.range, consumer, st, /*release_q=*/true, o, rows,
-                                      rec, &tail, &carried_s, carried);
-    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, cur.linear);
-    epilogue_role<In, Row, Varlen>(p, cur.geo, smem, cur.tile, consumer, st, p.out_tma, /*release_q=*/false,
-                                   /*no_key=*/false, o, rows, rec);
-    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, cur.linear);
-    FA4_TRACE_RECORD(rec, trace::Kind::tile_end, cur.linear);
-    ++st.q;
-    cur = next;
-    more = tail.more;
-    carried = tail.merged;
-  }
-}
-
 // A consumer warpgroup: for every tile the producer publishes, the main loop and the epilogue.
 template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStorage<Row>& smem, int consumer) {
   using Config = FwdConfig<Row>;
   const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
   auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
-  ConsumerStages<Config::kStages, Config::kQStages> st;
-  [[maybe_unused]] const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
+  ConsumerStages<Config::kStages> st;
+  const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q
   trace::Recorder rec(FA4_TRACE_SINK(p), fwd_trace_consumer_writer(consumer), threadIdx.x % kWarpgroupThreads == 0);
-  if constexpr (Config::kQStages > 1) {
-    consumer_loop_first_s_in_tail<In, Row, Varlen>(p, smem, consumer, tile_ring, tile_stage, st, rec);
-  } else {
-    for (;;) {
-      const int32_t linear = read_tile_slot(smem, tile_ring, tile_stage, rec);
-      if (linear >= p.order.num_tiles()) break;
+  for (;;) {
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::tile_slot);
+    tile_ring.consumer_wait(tile_stage);
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::tile_slot);
+    // Lane 0 reads the slot, the warp takes the index by shuffle, then lane 0 releases the slot. One reader and
+    // one arrival per warp (a thread each cost d = 64 13%, perf-log G8), and racecheck sees no read to pair
+    // with the producer's next write. The release follows the shuffle so that every lane has finished its wait
+    // on this phase of the slot before the producer can refill it.
+    int32_t linear = 0;
+    if (threadIdx.x % 32 == 0) linear = smem.tile_slot[tile_stage.index];
+    linear = __shfl_sync(0xffffffffu, linear, 0);
+    if (threadIdx.x % 32 == 0) tile_ring.consumer_release(tile_stage);
+    ++tile_stage;
+    if (linear >= p.order.num_tiles()) break;
 
-      FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, linear);
-      const WorkTile tile = p.order.tile(linear);
-      SeqGeometry geo;  // varlen: the tile's sequence; dense: unused (p's sizes and mask)
-      const KvTileRange range = tile_kv_range<Config::kBlockM, Config::kBlockN, Varlen>(p, tile, geo);
-      ptx::WgmmaAccumulator<Config::kHeadDim> o;
-      RowState rows = initial_rows(p, tile.head);
-      // Every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf (or the sink); nothing loaded.
-      if (range.empty()) {
+    FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, linear);
+    const WorkTile tile = p.order.tile(linear);
+    SeqGeometry geo;  // varlen: the tile's sequence; dense: unused (p's sizes and mask)
+    const KvTileRange range = tile_kv_range<Config::kBlockM, Config::kBlockN, Varlen>(p, tile, geo);
+    ptx::WgmmaAccumulator<Config::kHeadDim> o;
+    RowState rows = initial_rows(p, tile.head);
+    if (range.empty()) {  // every row fully masked (or seqlen_k == 0): O = 0, LSE = -inf (or the sink); nothing loaded
 #pragma unroll
-        for (int i = 0; i < Config::kHeadDim / 2; ++i) o.reg[i] = 0.0f;
-        FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
-        epilogue_role<In, Row, Varlen>(p, geo, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false,
-                                       /*no_key=*/true, o, rows, rec);
-        FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
-        FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
-        continue;
-      }
-      mma_softmax_role<In, Row, Varlen>(p, geo, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows, rec);
+      for (int i = 0; i < Config::kHeadDim / 2; ++i) o.reg[i] = 0.0f;
       FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
-      epilogue_role<In, Row, Varlen>(p, geo, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q,
-                                     /*no_key=*/false, o, rows, rec);
+      epilogue_role<In, Row, Varlen>(p, geo, smem, tile, consumer, st, /*by_tma=*/false, /*release_q=*/false,
+                                     /*no_key=*/true, o, rows, rec);
       FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
       FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
-      ++st.q;
+      continue;
     }
+    mma_softmax_role<In, Row, Varlen>(p, geo, smem, tile, range, consumer, st, /*release_q=*/!o_in_q, o, rows, rec);
+    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, linear);
+    epilogue_role<In, Row, Varlen>(p, geo, smem, tile, consumer, st, p.out_tma, /*release_q=*/o_in_q,
+                                   /*no_key=*/false, o, rows, rec);
+    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, linear);
+    FA4_TRACE_RECORD(rec, trace::Kind::tile_end, linear);
+    ++st.q;
   }
   FA4_TRACE_FINISH(rec);
   if (threadIdx.x % kWarpgroupThreads == 0) ptx::tma_store_wait<0>();  // stores read shared memory until done
@@ -170,7 +95,7 @@ __global__ void __launch_bounds__(FwdConfig<Row>::kThreads, 1) fwd_kernel(const 
     constexpr uint32_t kReleases = kReleasesPerConsumerWarpgroup * Config::kConsumerWarpgroups;
     cuda::Pipeline<Config::kStages>::init(smem.k_ring, 1, kReleases);
     cuda::Pipeline<Config::kStages>::init(smem.v_ring, 1, kReleases);
-    cuda::Pipeline<Config::kQStages>::init(smem.q_ring, 1, kReleases);
+    cuda::Pipeline<1>::init(smem.q_ring, 1, kReleases);
     // F32's V warp reads every slot too (paged_v_warp: never in the default build).
     cuda::Pipeline<kTileRingStages>::init(smem.tile_ring, 1, kReleases + (paged_v_warp<Varlen>(p) ? 1u : 0u));
     // Whatever the stream launches next as a programmatic dependent may become resident now, on the SMs this grid

@@ -160,8 +160,7 @@ __device__ __forceinline__ void v_load_role(const FwdParams& p, FwdSharedStorage
 }
 
 // Per tile: publish the tile index; then (unless no key is visible to any of its rows) the first K, Q (once the
-// consumers have released that Q stage's previous tile: the previous tile, or with F39's two stages the one
-// before it), the first V, and the remaining K/V pairs. The first K goes before Q so
+// consumers have released the previous Q), the first V, and the remaining K/V pairs. The first K goes before Q so
 // that it streams while the consumers finish the previous tile.
 // Varlen: a tile's rows and keys start at its sequence's offsets in the packed tensors (mapped as batch 1).
 template <int Row, bool Varlen>
@@ -180,10 +179,10 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
 
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const bool v_elsewhere = paged_v_warp<Varlen>(p);  // F32's define: a paged call's V is the second warp's
-  const cuda::Pipeline<Config::kQStages> q_ring(smem.q_ring);
+  const cuda::Pipeline<1> q_ring(smem.q_ring);
   const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
   auto kv_stage = cuda::producer_start_state<Config::kStages>();
-  auto q_stage = cuda::producer_start_state<Config::kQStages>();
+  auto q_stage = cuda::producer_start_state<1>();
   auto tile_stage = cuda::producer_start_state<kTileRingStages>();
   const TileScheduler<Varlen> scheduler(p);
   for (int32_t linear = scheduler.first();; linear = scheduler.next(linear)) {
@@ -243,13 +242,13 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     auto load_q = [&] {
       q_ring.producer_acquire(q_stage);
       q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
-      load_tile<HeadDim, Config::kBlockM>(smem.q[q_stage.index], &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
+      load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
                                           tile.head * p.q_head_step, tile.batch * p.q_batch_step,
                                           q_ring.full_barrier(q_stage));
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
       ++q_stage;
     };
-    // K first: Q's stage frees only at the last S of its previous tile (one stage: the previous tile).
+    // K first: Q's stage frees only at the previous tile's last S.
     load_k(range.begin, kv_stage);
     load_q();
     load_v(range.begin, kv_stage);

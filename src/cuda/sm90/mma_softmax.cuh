@@ -217,52 +217,22 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
 }
 
 // A consumer warpgroup's positions in the rings it reads; they carry over from one work tile to the next.
-template <int Stages, int QStages>
+template <int Stages>
 struct ConsumerStages {
   cuda::PipelineState<Stages> k = cuda::consumer_start_state<Stages>();
   cuda::PipelineState<Stages> v = cuda::consumer_start_state<Stages>();
-  cuda::PipelineState<QStages> q = cuda::consumer_start_state<QStages>();
-};
-
-// The tail of a work tile's main loop where the next tile's first S is issued in the last P·V's turn (F39,
-// FA4_AB_FIRST_S_IN_TAIL; rows with two Q stages): `read_next` reads the next tile's slot into `next` (false at
-// the end of the walk); `merged` says whether the next tile's first S was issued into `carried_s` and has landed
-// (its K released; its Q too if it is the tile's only S).
-template <class ReadNext, class Tile>
-struct FirstSInTail {
-  static constexpr bool kMerges = true;
-  ReadNext& read_next;
-  Tile& next;
-  bool more = false;
-  bool merged = false;
-};
-// Starts an accumulator's live range afresh for the compiler (an empty asm that "writes" every register, no
-// instruction): F39 issues the carried S into registers whose old value no one reads, but the wgmma's "+f"
-// operands read them, which would keep the previous value live through every steady step.
-template <int N>
-__device__ __forceinline__ void forget(ptx::WgmmaAccumulator<N>& acc) {
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) asm volatile("" : "=f"(acc.reg[i]));
-}
-
-// The default tail: the tile's last P·V alone.
-struct LastPvAlone {
-  static constexpr bool kMerges = false;
+  cuda::PipelineState<1> q = cuda::consumer_start_state<1>();
 };
 
 // The consumer warpgroup `consumer`'s main loop over a work tile's visible K/V tiles `range` (not empty). On
 // return O holds the unnormalised output of this thread's rows and `rows` their (m, thread-local l). Q is
 // released after the last S when release_q is set (else the epilogue releases it after staging O in it).
-// Tail (FirstSInTail or LastPvAlone): with FirstSInTail, `carried` says the tile's first S is already in
-// `carried_s` (issued and landed in the previous tile's tail), and the tail may issue the next tile's into it.
-template <ptx::WgmmaInput In, int Row, bool Varlen, class Tail = LastPvAlone>
+template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGeometry& geo, FwdSharedStorage<Row>& smem,
                                                  const WorkTile& tile, const KvTileRange& range, int consumer,
-                                                 ConsumerStages<FwdConfig<Row>::kStages, FwdConfig<Row>::kQStages>& st,
-                                                 bool release_q, ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o,
-                                                 RowState& rows, trace::Recorder& rec, Tail* tail = nullptr,
-                                                 ptx::WgmmaAccumulator<FwdConfig<Row>::kBlockN>* carried_s = nullptr,
-                                                 bool carried = false) {
+                                                 ConsumerStages<FwdConfig<Row>::kStages>& st, bool release_q,
+                                                 ptx::WgmmaAccumulator<FwdConfig<Row>::kHeadDim>& o, RowState& rows,
+                                                 trace::Recorder& rec) {
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
   using Ring = cuda::Pipeline<Config::kStages>;
@@ -278,11 +248,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const int64_t row[2] = {row0, row0 + 8};
   const int col_base = 2 * (thread % 4);
 
-  auto q_rows_of = [&](uint32_t stage) {  // this warpgroup's 64 rows of a Q stage
-    return static_cast<uint32_t>(__cvta_generic_to_shared(smem.q[Config::kQStages > 1 ? stage : 0])) +
-           uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
-  };
-  const uint32_t q_rows = q_rows_of(st.q.index);
+  const uint32_t q_rows =
+      static_cast<uint32_t>(__cvta_generic_to_shared(smem.q)) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
   constexpr uint32_t kQChunkBytes = uint32_t(kBlockM) * ptx::kSw128RowBytes;
   // The K/V stage index made warp-uniform (ptx::warp_uniform): it is a loop-carried register the compiler does
   // not prove uniform, so each wgmma's descriptor was built in vector registers and copied (R2UR) per k-step; one
@@ -308,16 +275,12 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
       return softmax_with(p.mask, s, n_block);
   };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
-  const cuda::Pipeline<Config::kQStages> q_ring(smem.q_ring);
+  const cuda::Pipeline<1> q_ring(smem.q_ring);
   const TensorCoreTurn<Config::kTensorCoreTurns ? Config::kConsumerWarpgroups : 1> turn(consumer);
-  // A carried first S (F39): its turn, Q, K and wait were the previous tile's tail.
-  const bool first_s_carried = Tail::kMerges && carried;
-  if (!first_s_carried) {
-    turn.start();
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
-    q_ring.consumer_wait(st.q);
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::q);
-  }
+  turn.start();
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
+  q_ring.consumer_wait(st.q);
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::q);
   auto s_done = [&](int32_t n_block) {  // the S of n_block has landed: its K (and after the last, Q) is free
     release_per_warp(k_ring, st.k);
     ++st.k;
@@ -326,15 +289,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
 
   // Prologue: S of the first tile, its softmax; nothing to overlap with yet.
   ptx::WgmmaFragmentA p_frag[kKSteps];
-  if (first_s_carried) {
-    if constexpr (Tail::kMerges) {
-      FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, range.begin);
-      softmax(*carried_s, range.begin);
-      FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, range.begin);
-#pragma unroll
-      for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(*carried_s, kb);
-    }
-  } else {
+  {
     S s;
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
     k_ring.consumer_wait(st.k);
@@ -424,60 +379,16 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   // Tail: the last tile's P·V.
   FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
   v_ring.consumer_wait(st.v);
-  if constexpr (Tail::kMerges) {
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-    // F39: the next tile read now (the producer publishes it once it has issued this tile's loads, which the
-    // last V's arrival proves, and needs only the slot of the tile before this one, released when that was read);
-    // its first S issued in this turn, after the P·V, into the
-    // carried accumulator, its Q from the other stage. Both GEMMs are waited for here, before the epilogue's
-    // branches (a wgmma in flight across them serializes every wgmma: perf-log F37a).
-    tail->more = tail->read_next(tail->next);
-    tail->merged = tail->more && !tail->next.range.empty();
-    auto q_next = st.q;
-    ++q_next;
-    if (tail->merged) {
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
-      q_ring.consumer_wait(q_next);
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::q);
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
-      k_ring.consumer_wait(st.k);
-      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
-    }
-    turn.wait();
-    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
-    FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, range.end - 1);
-    if (tail->merged) {
-      forget(*carried_s);  // a fresh S: the old value is dead (the wgmma's "+f" operands would read it)
-      issue_qk<In, HeadDim, kBlockN>(*carried_s, q_rows_of(q_next.index), kQChunkBytes, k_addr(st.k.index));
-      FA4_TRACE_RECORD(rec, trace::Kind::s_issue, tail->next.range.begin);
-    }
-    // Merged, the turn goes on into the next tile (this hand-over stands for the last consumer's skipped one and
-    // the next tile's start(); the next tile takes no prologue turn), so the barriers stay balanced.
-    turn.hand_over(!tail->merged);
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(o);
-    if (tail->merged) ptx::wgmma_fence_operand(*carried_s);
-    FA4_TRACE_RECORD(rec, trace::Kind::pv_done, range.end - 1);
-    release_per_warp(v_ring, st.v);
-    ++st.v;
-    if (tail->merged) {
-      FA4_TRACE_RECORD(rec, trace::Kind::s_done, tail->next.range.begin);
-      release_per_warp(k_ring, st.k);
-      ++st.k;
-      if (tail->next.range.end - tail->next.range.begin == 1) release_per_warp(q_ring, q_next);
-    }
-  } else {
-    turn.wait();
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
-    FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, range.end - 1);
-    turn.hand_over(true);
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(o);
-    FA4_TRACE_RECORD(rec, trace::Kind::pv_done, range.end - 1);
-    release_per_warp(v_ring, st.v);
-    ++st.v;
-  }
+  turn.wait();
+  FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
+  issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
+  FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, range.end - 1);
+  turn.hand_over(true);
+  ptx::wgmma_wait_group<0>();
+  ptx::wgmma_fence_operand(o);
+  FA4_TRACE_RECORD(rec, trace::Kind::pv_done, range.end - 1);
+  release_per_warp(v_ring, st.v);
+  ++st.v;
 }
 
 }  // namespace fa4::sm90

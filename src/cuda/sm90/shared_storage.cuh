@@ -17,14 +17,14 @@ inline constexpr int kTileRingStages = 2;  // tile indices published ahead by th
 template <int Row>
 struct FwdSharedStorage {
   using Config = FwdConfig<Row>;
-  alignas(ptx::kSw128Alignment) uint8_t q[Config::kQStages][Config::kQTileBytes];
+  alignas(ptx::kSw128Alignment) uint8_t q[Config::kQTileBytes];
   alignas(ptx::kSw128Alignment) uint8_t k[Config::kStages][Config::kKvTileBytes];
   alignas(ptx::kSw128Alignment) uint8_t v[Config::kStages][Config::kKvTileBytes];
   // O staging for the TMA store, same image as Q ([head_dim/64][block_m][128 B]); 1 byte when O uses Q's rows.
   alignas(ptx::kSw128Alignment) uint8_t o[Config::kSeparateOStaging ? Config::kOTileBytes : 1];
   cuda::PipelineBarriers<Config::kStages> k_ring;  // load -> mma: K tile landed / consumers done with it
   cuda::PipelineBarriers<Config::kStages> v_ring;  // load -> mma: V tile landed / consumers done with it
-  cuda::PipelineBarriers<Config::kQStages> q_ring;  // load -> mma: Q landed / every consumer done with it
+  cuda::PipelineBarriers<1> q_ring;                // load -> mma: Q landed / every consumer done with it
   cuda::PipelineBarriers<kTileRingStages> tile_ring;  // load -> mma: the next work tile's index is published
   int32_t tile_slot[kTileRingStages];              // linear tile index; >= num_tiles: no more work
 };
@@ -39,7 +39,7 @@ constexpr uint32_t fwd_smem_bytes() {
 // Where consumer warpgroup `consumer` stages its 64 rows of O (chunks block_m·128 bytes apart, as in Q).
 template <int Row>
 __device__ __forceinline__ uint8_t* o_staging(FwdSharedStorage<Row>& smem, int consumer) {
-  uint8_t* base = FwdConfig<Row>::kSeparateOStaging ? smem.o : smem.q[0];  // one Q stage where O uses it
+  uint8_t* base = FwdConfig<Row>::kSeparateOStaging ? smem.o : smem.q;
   return base + consumer * kWgmmaM * ptx::kSw128RowBytes;
 }
 
