@@ -164,18 +164,23 @@ forward_op = torch.library.custom_op("fa4::forward", mutates_args=(), device_typ
 _increment_version = getattr(torch._C, "_increment_version", torch.autograd.graph.increment_version)
 
 
+_is_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)
+
+
 def _plain_call(tensors):
     """Whether a forward may skip the custom op's dispatch (about 15 us of host time per call) and run
     _forward_impl directly: real cpu or cuda tensors (no fake, meta or other subclass), nothing to differentiate,
     and nothing watching the op (torch.compile, jit tracing, functorch transforms, torch function or dispatch
     modes such as FlopCounterMode or FakeTensorMode). The op and _forward_impl compute the same thing; the op is
     what those machineries need to see."""
-    if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch._C._are_functorch_transforms_active() \
+    # _is_tracing is torch.jit.is_tracing()'s answer outside TorchScript without its Python wrapper (host cost);
+    # is_compiling() stays the public call, which dynamo recognizes while it traces this function.
+    if torch.compiler.is_compiling() or _is_tracing() or torch._C._are_functorch_transforms_active() \
             or torch._C._is_torch_function_mode_enabled() or _get_current_dispatch_mode() is not None:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or not (t.is_cpu or t.is_cuda) or (grad and t.requires_grad)):
+        if t is not None and (type(t) is not torch.Tensor or not (t.is_cuda or t.is_cpu) or (grad and t.requires_grad)):
             return False
     return True
 
@@ -238,12 +243,18 @@ forward_op.register_autograd(_backward, setup_context=_setup_context)
 
 def _int(call, name, value):
     """An integer argument as int (ints, numpy ints, 0-d integer tensors; not bools or floats)."""
+    if type(value) is int:  # the common call: nothing to convert (bool is not int's type)
+        return value
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InvalidArgumentError(f"{call}: argument '{name}': expected an integer, got {value!r}")
     return int(value.__index__())
 
 
 def _check_tensors(call, qkv, rank, layout):
+    q, k, v = qkv
+    if type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and q.dim() == rank \
+            and k.dim() == rank and v.dim() == rank:  # the common call, in fewer Python steps (host cost)
+        return
     for name, t in zip(("q", "k", "v"), qkv):
         if not isinstance(t, torch.Tensor):
             raise InvalidArgumentError(f"{call}: argument '{name}': expected a torch.Tensor, got {type(t).__name__}")
