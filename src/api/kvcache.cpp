@@ -254,7 +254,7 @@ Tensor capacity_view(const Cache& c, const Tensor& kc) {
 // head_dim] (the contiguous cache itself; for a paged one capacity_view, and the pages' own layout).
 detail::Problem device_problem(const char* call, const Cache& c, const Tensor& q, const Tensor& kc, const Tensor& vc,
                                const Options& options) {
-  if (!c.paged) return detail::validate_inputs(call, q, kc, vc, options);
+  if (!c.paged) return detail::validate_inputs(call, q, kc, vc, options, "k_cache", "v_cache");
   // The kernels address a page by its index along shape[0]: pages must be distinct in memory, and exist.
   if (kc.shape[0] > 1 && (kc.stride[0] == 0 || vc.stride[0] == 0))
     invalid(call, kc.stride[0] == 0 ? "k_cache.stride[0]" : "v_cache.stride[0]",
@@ -264,7 +264,7 @@ detail::Problem device_problem(const char* call, const Cache& c, const Tensor& q
             detail::shape_string(kc));
   const Tensor keys = capacity_view(c, kc);
   const detail::Problem p = detail::validate_inputs(call, q, keys, keys, options);
-  detail::require_layout(call, p, q, kc, vc);  // the pages as [num_pages, page_size, heads_kv, head_dim]
+  detail::require_layout(call, p, q, kc, vc, "k_cache", "v_cache");  // the pages as [num_pages, page_size, heads_kv, head_dim]
   return p;
 }
 

@@ -68,14 +68,15 @@ void require_pass(const char* call, const Problem& p, Pass pass) {
 #endif
 }
 
-void require_layout(const char* call, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v) {
+void require_layout(const char* call, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const char* k_name, const char* v_name) {
   if (p.device != Device::cuda) return;
 #if defined(FA4_WITH_SM90)
   sm90::check_tma_layout(call, "q", q);
-  sm90::check_tma_layout(call, "k", k);
-  sm90::check_tma_layout(call, "v", v);
+  sm90::check_tma_layout(call, k_name, k);
+  sm90::check_tma_layout(call, v_name, v);
 #else
-  (void)call, (void)q, (void)k, (void)v;
+  (void)call, (void)q, (void)k, (void)v, (void)k_name, (void)v_name;
 #endif
 }
 

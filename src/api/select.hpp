@@ -20,7 +20,9 @@ void require_pass(const char* call, const Problem& p, Pass pass);
 
 // The layout part: throws Error(unsupported) naming the tensor and stride the selected kernel cannot read
 // (the sm_90a kernels load q, k, v with TMA: 16-byte aligned bases and strides).
-void require_layout(const char* call, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v);
+// k_name, v_name: as validate_inputs's.
+void require_layout(const char* call, const Problem& p, const Tensor& q, const Tensor& k, const Tensor& v,
+                    const char* k_name = "k", const char* v_name = "v");
 
 // The backward's extra inputs: throws Error(unsupported) when the selected kernel cannot read dout (TMA).
 void require_backward_layout(const char* call, const Problem& p, const Tensor& dout);

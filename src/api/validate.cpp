@@ -144,12 +144,13 @@ void check_backward_splits(const char* call, const Options& o) {
             std::to_string(o.num_splits));
 }
 
-Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& o) {
+Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& o,
+                        const char* k_name, const char* v_name) {
   check_tensor(call, "q", q, 4);
-  check_tensor(call, "k", k, 4);
-  check_tensor(call, "v", v, 4);
-  check_same_kind(call, "k", k, q, q.dtype);
-  check_same_kind(call, "v", v, q, q.dtype);
+  check_tensor(call, k_name, k, 4);
+  check_tensor(call, v_name, v, 4);
+  check_same_kind(call, k_name, k, q, q.dtype);
+  check_same_kind(call, v_name, v, q, q.dtype);
 
   Problem p;
   p.batch = q.shape[0];
@@ -162,16 +163,16 @@ Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, cons
   p.dtype = q.dtype;
   p.device = q.device;
   p.device_index = q.device_index;
-  if (k.shape[0] != p.batch) invalid(call, "k", "shape[0] (batch) = " + std::to_string(p.batch) + " (as 'q')", shape_string(k));
-  if (v.shape[0] != p.batch) invalid(call, "v", "shape[0] (batch) = " + std::to_string(p.batch) + " (as 'q')", shape_string(v));
-  if (v.shape[1] != p.seqlen_k) invalid(call, "v", "shape[1] (seqlen_k) = " + std::to_string(p.seqlen_k) + " (as 'k')", shape_string(v));
-  if (v.shape[2] != p.heads_kv) invalid(call, "v", "shape[2] (heads_kv) = " + std::to_string(p.heads_kv) + " (as 'k')", shape_string(v));
-  if (k.shape[3] != p.head_dim) invalid(call, "k", "shape[3] (head_dim) = " + std::to_string(p.head_dim) + " (as 'q')", shape_string(k));
+  if (k.shape[0] != p.batch) invalid(call, k_name, "shape[0] (batch) = " + std::to_string(p.batch) + " (as 'q')", shape_string(k));
+  if (v.shape[0] != p.batch) invalid(call, v_name, "shape[0] (batch) = " + std::to_string(p.batch) + " (as 'q')", shape_string(v));
+  if (v.shape[1] != p.seqlen_k) invalid(call, v_name, "shape[1] (seqlen_k) = " + std::to_string(p.seqlen_k) + " (as '" + k_name + "')", shape_string(v));
+  if (v.shape[2] != p.heads_kv) invalid(call, v_name, "shape[2] (heads_kv) = " + std::to_string(p.heads_kv) + " (as '" + k_name + "')", shape_string(v));
+  if (k.shape[3] != p.head_dim) invalid(call, k_name, "shape[3] (head_dim) = " + std::to_string(p.head_dim) + " (as 'q')", shape_string(k));
   if (v.shape[3] != p.head_dim)
-    invalid(call, "v", "shape[3] (head_dim) = " + std::to_string(p.head_dim) + " (as 'q'; a different value head dim is not supported)", shape_string(v));
-  if (p.heads_kv == 0 && p.heads_q > 0) invalid(call, "k", "at least one kv head (shape[2] > 0)", shape_string(k));
+    invalid(call, v_name, "shape[3] (head_dim) = " + std::to_string(p.head_dim) + " (as 'q'; a different value head dim is not supported)", shape_string(v));
+  if (p.heads_kv == 0 && p.heads_q > 0) invalid(call, k_name, "at least one kv head (shape[2] > 0)", shape_string(k));
   if (p.heads_kv > 0 && p.heads_q % p.heads_kv != 0)
-    invalid(call, "k", "a number of kv heads dividing the " + std::to_string(p.heads_q) + " query heads (GQA/MQA)",
+    invalid(call, k_name, "a number of kv heads dividing the " + std::to_string(p.heads_q) + " query heads (GQA/MQA)",
             std::to_string(p.heads_kv) + " kv heads");
   if (p.head_dim < 1 || p.head_dim > 256)
     fail(Status::unsupported, call, "q", "head_dim (shape[3]) in [1, 256]", std::to_string(p.head_dim));
@@ -213,7 +214,7 @@ Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, cons
   p.dsinks = o.dsinks;
 
   require_backend(call, p);  // the device and dtype must have a backend in this build
-  require_layout(call, p, q, k, v);  // and its kernels must be able to read these strides
+  require_layout(call, p, q, k, v, k_name, v_name);  // and its kernels must be able to read these strides
   return p;
 }
 

@@ -31,8 +31,10 @@ void check_sink_options(const char* call, const Options& options, int64_t heads_
 // The backward refuses options.num_splits > 1 (split-KV is forward only).
 void check_backward_splits(const char* call, const Options& options);
 
-// The inputs and options alone (what `supports` and `workspace_size` see).
-Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options);
+// The inputs and options alone (what `supports` and `workspace_size` see). k_name, v_name: the arguments k and v
+// are to the caller (a KV-cache call's contiguous cache is "k_cache" and "v_cache"), for its messages.
+Problem validate_inputs(const char* call, const Tensor& q, const Tensor& k, const Tensor& v, const Options& options,
+                        const char* k_name = "k", const char* v_name = "v");
 
 Problem validate_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
                          const Options& options, Workspace workspace, Stream stream);

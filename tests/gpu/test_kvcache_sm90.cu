@@ -412,4 +412,44 @@ TEST(GpuKvCacheSm90, ValidationNamesEachBadDeviceEntry) {
   for (double x : out.values()) ASSERT_TRUE(std::isnan(x)) << "a refused call wrote its output";
 }
 
+// A cache the kernels cannot read by TMA is refused under the cache's own names, contiguous or paged (the shared
+// layout check named them 'k' and 'v' before), and nothing is written.
+TEST(GpuKvCacheSm90, LayoutRefusalsNameTheCache) {
+  REQUIRE_SM90();
+  const int64_t batch = 2, page = 16, num_pages = 8, d = 64;
+  auto q = HostTensor::make(DType::bf16, {batch, 1, 2, d});
+  auto kc = HostTensor::make(DType::bf16, {num_pages, page, 1, d});
+  auto out = HostTensor::make(DType::bf16, {batch, 1, 2, d});
+  q.fill_normal(1), kc.fill_normal(2), out.poison();
+  DeviceCopy d_q(q, size_t(q.numel())), d_kc(kc, size_t(kc.numel())), d_vc(kc, size_t(kc.numel())),
+      d_out(out, size_t(out.numel()));
+  const std::vector<int32_t> lens = {20, 40}, table = {0, 1, 2, 3, 4, 5, 6, 7};
+  const DeviceInts d_lens(lens), d_table(table);
+  // Rows 65 elements apart: not a multiple of 16 bytes. Contiguous: [batch, 48 keys]; paged: pages of 16 rows.
+  auto odd_rows = [&](fa4::Tensor t, int64_t rows) {
+    t.shape[0] = 8 * page / rows, t.shape[1] = rows;
+    t.stride[1] = d + 1, t.stride[0] = rows * (d + 1);
+    return t;
+  };
+  for (const bool paged : {false, true})
+    for (const bool bad_k : {true, false}) {
+      fa4::KvCache kv;
+      kv.cache_seqlens = d_lens.ptr;
+      if (paged) kv.page_table = d_table.ptr, kv.max_pages = 4;
+      const int64_t rows = paged ? page : 48;
+      fa4::Tensor k = odd_rows(d_kc.desc(), rows), v = odd_rows(d_vc.desc(), rows);
+      if (!paged) k.shape[0] = v.shape[0] = batch;
+      (bad_k ? v : k).stride[1] = d, (bad_k ? v : k).stride[0] = rows * d;  // one bad cache at a time
+      const std::string arg = std::string("argument '") + (bad_k ? "k_cache" : "v_cache") + ".stride[1]'";
+      try {
+        fa4::forward_kvcache(d_q.desc(), k, v, d_out.desc(), nullptr, kv, Options{});
+        ADD_FAILURE() << "no error for " << arg << (paged ? " (paged)" : " (contiguous)");
+      } catch (const fa4::Error& e) {
+        EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+      }
+    }
+  d_out.copy_back(out);
+  for (double x : out.values()) ASSERT_TRUE(std::isnan(x)) << "a refused call wrote its output";
+}
+
 }  // namespace
