@@ -418,7 +418,9 @@ TEST(GpuKvCacheSm90, LayoutRefusalsNameTheCache) {
   REQUIRE_SM90();
   const int64_t batch = 2, page = 16, num_pages = 8, d = 64;
   auto q = HostTensor::make(DType::bf16, {batch, 1, 2, d});
-  auto kc = HostTensor::make(DType::bf16, {num_pages, page, 1, d});
+  // Twice the pages the views below use: their odd strides reach past 8 pages, and the allocations must hold them
+  // whole (else the call's aliasing check, which runs first, finds them overlapping out).
+  auto kc = HostTensor::make(DType::bf16, {2 * num_pages, page, 1, d});
   auto out = HostTensor::make(DType::bf16, {batch, 1, 2, d});
   q.fill_normal(1), kc.fill_normal(2), out.poison();
   DeviceCopy d_q(q, size_t(q.numel())), d_kc(kc, size_t(kc.numel())), d_vc(kc, size_t(kc.numel())),
@@ -427,7 +429,7 @@ TEST(GpuKvCacheSm90, LayoutRefusalsNameTheCache) {
   const DeviceInts d_lens(lens), d_table(table);
   // Rows 65 elements apart: not a multiple of 16 bytes. Contiguous: [batch, 48 keys]; paged: pages of 16 rows.
   auto odd_rows = [&](fa4::Tensor t, int64_t rows) {
-    t.shape[0] = 8 * page / rows, t.shape[1] = rows;
+    t.shape[0] = num_pages * page / rows, t.shape[1] = rows;
     t.stride[1] = d + 1, t.stride[0] = rows * (d + 1);
     return t;
   };
