@@ -70,6 +70,25 @@ def test_paged_append_matches_the_oracle(page_size, opts):
             assert torch.equal(k_cache[page, row], keys[b][j]) and torch.equal(v_cache[page, row], values[b][j])
 
 
+def test_appended_keys_with_a_strided_head_dim():
+    """k and v whose head_dim is not contiguous (every other element of a wider tensor) are copied before the
+    call; the copies must live until the library has read them (large enough here that a freed copy is returned
+    to the system and reading it would fault or read garbage)."""
+    g = torch.Generator().manual_seed(7)
+    dtype, heads, heads_kv, dim, seqlen_new, page_size = torch.float32, 4, 2, 128, 200, 64
+    cached = [5, 30]
+    k_cache, v_cache, page_table, keys, values = paged_cache(g, cached, seqlen_new, page_size, heads_kv, dim, dtype)
+    q = torch.randn(len(cached), 1, heads, dim, generator=g, dtype=dtype)
+    wide_k, wide_v = (torch.zeros(len(cached), seqlen_new, heads_kv, 2 * dim, dtype=dtype) for _ in range(2))
+    k_new, v_new = wide_k[..., ::2], wide_v[..., ::2]
+    for b, c in enumerate(cached):
+        k_new[b], v_new[b] = keys[b][c:], values[b][c:]
+    assert k_new.stride(-1) == 2
+    out, lse = fa4.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=torch.tensor(
+        cached, dtype=torch.int32), page_table=page_table, return_softmax_lse=True)
+    check_against_oracle(q, out, lse, keys, values, dtype, {})
+
+
 def test_eager_call_skips_the_op_and_still_bumps_the_caches_versions():
     """A plain eager call runs the op's body directly (host cost): the caches it appends to get their version
     counters bumped as the op's in-place bookkeeping would (autograd's saved-tensor checks rely on them), and a
