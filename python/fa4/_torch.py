@@ -457,10 +457,11 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     # _describe_fresh describes out with torch's own); the memory_format argument costs ~0.5 us (issue 12).
     out = torch.empty_like(q) if q.is_contiguous() else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device) if need_lse else None
-    if k_new is not None:
-        # Bound here, not made inside the descriptor's expression: a head-dim copy must outlive the library call
-        # (a descriptor holds only its address; a copy freed before the call was read as garbage).
-        k_new, v_new = _unit_head_dim_stride(k_new), _unit_head_dim_stride(v_new)
+    # Bound here, not made inside the descriptor's expression: a head-dim copy must outlive the library call (a
+    # descriptor holds only its address; a copy freed before the call was read as garbage). Each on its own: the
+    # op called directly with one of them is the library's to refuse by name.
+    k_new = None if k_new is None else _unit_head_dim_stride(k_new)
+    v_new = None if v_new is None else _unit_head_dim_stride(v_new)
     # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
     # non-unit head_dim stride).
     # q's kind and shape serve out's descriptor too (out is made like q).

@@ -263,7 +263,8 @@ detail::Problem device_problem(const char* call, const Cache& c, const Tensor& q
     invalid(call, "k_cache", "at least one page (kvcache.max_pages is " + str(c.max_pages) + ")",
             detail::shape_string(kc));
   const Tensor keys = capacity_view(c, kc);
-  const detail::Problem p = detail::validate_inputs(call, q, keys, keys, options);
+  // The view is k_cache's memory: its refusals (a misaligned base) name k_cache.
+  const detail::Problem p = detail::validate_inputs(call, q, keys, keys, options, "k_cache", "k_cache");
   detail::require_layout(call, p, q, kc, vc, "k_cache", "v_cache");  // the pages as [num_pages, page_size, heads_kv, head_dim]
   return p;
 }

@@ -433,23 +433,33 @@ TEST(GpuKvCacheSm90, LayoutRefusalsNameTheCache) {
     t.stride[1] = d + 1, t.stride[0] = rows * (d + 1);
     return t;
   };
+  // Each cache in turn is bad: by its row stride, or by a base 8 bytes past 16-byte alignment (the paged call
+  // checks its capacity view of k_cache first: that refusal must name k_cache too).
   for (const bool paged : {false, true})
-    for (const bool bad_k : {true, false}) {
-      fa4::KvCache kv;
-      kv.cache_seqlens = d_lens.ptr;
-      if (paged) kv.page_table = d_table.ptr, kv.max_pages = 4;
-      const int64_t rows = paged ? page : 48;
-      fa4::Tensor k = odd_rows(d_kc.desc(), rows), v = odd_rows(d_vc.desc(), rows);
-      if (!paged) k.shape[0] = v.shape[0] = batch;
-      (bad_k ? v : k).stride[1] = d, (bad_k ? v : k).stride[0] = rows * d;  // one bad cache at a time
-      const std::string arg = std::string("argument '") + (bad_k ? "k_cache" : "v_cache") + ".stride[1]'";
-      try {
-        fa4::forward_kvcache(d_q.desc(), k, v, d_out.desc(), nullptr, kv, Options{});
-        ADD_FAILURE() << "no error for " << arg << (paged ? " (paged)" : " (contiguous)");
-      } catch (const fa4::Error& e) {
-        EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+    for (const bool bad_k : {true, false})
+      for (const bool bad_base : {false, true}) {
+        fa4::KvCache kv;
+        kv.cache_seqlens = d_lens.ptr;
+        if (paged) kv.page_table = d_table.ptr, kv.max_pages = 4;
+        const int64_t rows = paged ? page : 48;
+        fa4::Tensor k = odd_rows(d_kc.desc(), rows), v = odd_rows(d_vc.desc(), rows);
+        if (!paged) k.shape[0] = v.shape[0] = batch;
+        for (fa4::Tensor* t : {&k, &v})
+          if (bad_base || t != (bad_k ? &k : &v)) t->stride[1] = d, t->stride[0] = rows * d;  // the good layout
+        if (bad_base) {
+          fa4::Tensor& bad = bad_k ? k : v;
+          bad.data = static_cast<char*>(bad.data) + 8;
+        }
+        const std::string name = bad_k ? "k_cache" : "v_cache";
+        const std::string arg = bad_base ? "argument '" + name + "': expected a 16-byte aligned"
+                                         : "argument '" + name + ".stride[1]'";
+        try {
+          fa4::forward_kvcache(d_q.desc(), k, v, d_out.desc(), nullptr, kv, Options{});
+          ADD_FAILURE() << "no error for " << arg << (paged ? " (paged)" : " (contiguous)");
+        } catch (const fa4::Error& e) {
+          EXPECT_NE(std::string(e.what()).find(arg), std::string::npos) << e.what();
+        }
       }
-    }
   d_out.copy_back(out);
   for (double x : out.values()) ASSERT_TRUE(std::isnan(x)) << "a refused call wrote its output";
 }
