@@ -72,8 +72,8 @@ def test_paged_append_matches_the_oracle(page_size, opts):
 
 def test_appended_keys_with_a_strided_head_dim():
     """k and v whose head_dim is not contiguous (every other element of a wider tensor) are copied before the
-    call; the copies must live until the library has read them (large enough here that a freed copy is returned
-    to the system and reading it would fault or read garbage)."""
+    call; the copies must live until the library has read them (a k copy freed early has its block reused, by v's
+    copy or the allocator, so the appended keys read back wrong)."""
     g = torch.Generator().manual_seed(7)
     dtype, heads, heads_kv, dim, seqlen_new, page_size = torch.float32, 4, 2, 128, 200, 64
     cached = [5, 30]
