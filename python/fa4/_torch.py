@@ -86,11 +86,23 @@ def _device_guard(q):
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _stream(q):
-    if not q.is_cuda:
-        return None
-    index = q.get_device()
+def _stream_of(index):
     return _raw_stream(index) if _raw_stream is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def _stream(q):
+    return _stream_of(q.get_device()) if q.is_cuda else None
+
+
+def _launch_on(q):
+    """(the device to make current for the launch, None where q's already is or q is on the CPU; the current
+    stream's handle on q's device, None for a CPU tensor): _device_guard's and _stream's answers from one device
+    query, with no context to enter in the common single-GPU case (host cost, issue 12)."""
+    if not q.is_cuda:
+        return None, None
+    index = q.get_device()
+    current = _current_device() if _current_device is not None else torch.cuda.current_device()
+    return (None if index == current else index), _stream_of(index)
 
 
 def _workspace(pass_, inputs, options, device):
@@ -476,9 +488,14 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
                             None if v_new is None else describe(call, "v", v_new))
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
                             sinks=_sinks(call, learnable_sink), num_splits=num_splits)
-    with _device_guard(q):
-        _capi.forward_kvcache(q_d, k_cache_d, v_cache_d, out_d,
-                              None if lse is None else describe(call, "lse", lse), kvcache, options, None, 0, _stream(q))
+    switch_to, stream = _launch_on(q)
+    launch = (q_d, k_cache_d, v_cache_d, out_d, None if lse is None else describe(call, "lse", lse), kvcache, options,
+              None, 0, stream)
+    if switch_to is None:
+        _capi.forward_kvcache(*launch)
+    else:
+        with torch.cuda.device(switch_to):
+            _capi.forward_kvcache(*launch)
     return out, lse
 
 
