@@ -72,13 +72,16 @@ def _lse_shape(q):
 _current_device = getattr(torch._C, "_cuda_getDevice", None)
 
 
+def _switch_target(index):
+    """CUDA device `index` where it is not the current device (a launch there must switch to it), else None."""
+    return None if index == (_current_device() if _current_device is not None else torch.cuda.current_device()) \
+        else index
+
+
 def _device_guard(q):
     # Kernels launch on the current device: make it q's (nothing to do in the common single-GPU case).
-    if q.is_cuda:
-        index = q.get_device()
-        if index != (_current_device() if _current_device is not None else torch.cuda.current_device()):
-            return torch.cuda.device(index)
-    return contextlib.nullcontext()
+    target = _switch_target(q.get_device()) if q.is_cuda else None
+    return contextlib.nullcontext() if target is None else torch.cuda.device(target)
 
 
 # The current stream's handle without building a torch.cuda.Stream object per call (issue 12's host cost):
@@ -101,8 +104,7 @@ def _launch_on(q):
     if not q.is_cuda:
         return None, None
     index = q.get_device()
-    current = _current_device() if _current_device is not None else torch.cuda.current_device()
-    return (None if index == current else index), _stream_of(index)
+    return _switch_target(index), _stream_of(index)
 
 
 def _workspace(pass_, inputs, options, device):
