@@ -423,7 +423,7 @@ TEST(GpuBackwardSm90, DeterministicTurnHelpersMatchTheInlineTurns) {
     }
 }
 
-// Deterministic mode in 1, 2 and 4 turn chains (FA4_BWD_DET_CHAINS; key block n adds into accumulator copy n % chains
+// Deterministic mode in 1 to 4 turn chains (FA4_BWD_DET_CHAINS; key block n adds into accumulator copy n % chains
 // in the chain's own order, the postprocess sums the copies): right, and bitwise repeatable; with and without the
 // dQ writer's per-slab turn release (FA4_BWD_DET_SLAB_RELEASE, key-split rows) and the column-split rows' turn
 // helpers. Causal and a sliding window (a block's turn is not its index), GQA; grids of up to 1024 CTAs, more than
@@ -436,7 +436,7 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
     const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
     EXPECT_EQ(r.repeats_differing, 0) << c.name() << " " << what << ": runs whose gradients differ from the first, of 3";
   };
-  for (const char* chains : {"1", "2", "4"}) {
+  for (const char* chains : {"1", "2", "3", "4"}) {
     const EnvOverride chain_count("FA4_BWD_DET_CHAINS", chains);
     for (const char* release : {"0", "1"}) {
       const EnvOverride slab_release("FA4_BWD_DET_SLAB_RELEASE", release);

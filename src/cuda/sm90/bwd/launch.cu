@@ -65,8 +65,8 @@ PairMode pair_mode(const char* call, const BwdTile& tile, const detail::Problem&
 // summing chains - 1 more fp32 dQ copies. The default is the tile row's (kBwdTiles, perf-log B17), one count
 // without a mask and one with (causal or a window), at most kShortKeysDetChains up to kShortKeysMax keys (B26: a
 // copy costs the same whatever the key count, the work grows with it, so short keys want fewer copies);
-// FA4_BWD_DET_CHAINS (1, 2 or 4) overrides it for A/B runs, any other value is an error. Outside deterministic
-// mode: 1 (a set value is still checked).
+// FA4_BWD_DET_CHAINS (1 to kBwdMaxDetChains: dq_turn_of takes any count) overrides it for A/B runs, any other value
+// is an error. Outside deterministic mode: 1 (a set value is still checked).
 int det_chains(const char* call, const detail::Problem& p) {
   const int row = bwd_row(int(p.head_dim));
   int chains = row < 0 ? 1 : p.mask.masks_anything() ? kBwdTiles[row].det_chains_masked : kBwdTiles[row].det_chains;
@@ -74,9 +74,10 @@ int det_chains(const char* call, const detail::Problem& p) {
   const char* env = std::getenv("FA4_BWD_DET_CHAINS");
   if (env != nullptr && *env != '\0') {
     const std::string value(env);
-    if (value != "1" && value != "2" && value != "4")
+    static_assert(kBwdMaxDetChains == 4, "the message below names the counts");
+    if (value.size() != 1 || value[0] < '1' || value[0] > '4')
       throw Error(Status::invalid_argument,
-                  std::string(call) + ": environment FA4_BWD_DET_CHAINS: expected 1, 2 or 4, got '" + value + "'");
+                  std::string(call) + ": environment FA4_BWD_DET_CHAINS: expected 1, 2, 3 or 4, got '" + value + "'");
     chains = std::stoi(value);
   }
   return p.deterministic ? chains : 1;
