@@ -119,6 +119,14 @@ TEST(BackwardPaths, SwitchesReachTheKernelWhereTheyApply) {
     EXPECT_EQ(paths(128, false).det_chains, 1);
   }
   {
+    const EnvOverride chains("FA4_BWD_DET_CHAINS", "3");  // any count the workspace holds (perf-log B28)
+    EXPECT_EQ(paths(256, true).det_chains, 3);
+  }
+  for (const char* value : {"0", "5", "22", "2x"}) {
+    const EnvOverride chains("FA4_BWD_DET_CHAINS", value);
+    EXPECT_THROW(paths(256, true), fa4::Error) << value;
+  }
+  {
     const EnvOverride pair("FA4_BWD_CLUSTER", "1");
     const auto b = paths(128, false);
     EXPECT_TRUE(b.cluster_pair);
