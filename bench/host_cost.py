@@ -65,6 +65,7 @@ def kvcache_pieces(args, calls, device, reps):
     kvcache = _capi.KvCache(lens.data_ptr(), table.data_ptr(), table.shape[1], kn_d, vn_d)
     options = _capi.options(call)
     stream = ft._stream(q)
+    q_kind = ft._kind(call, "q", q)
     plain = (q, k_cache, v_cache, k_new, v_new, lens, table, None)
     pieces = [
         ("flash_attn_with_kvcache (the call)",
@@ -75,7 +76,8 @@ def kvcache_pieces(args, calls, device, reps):
          lambda: _capi.forward_kvcache(q_d, kc_d, vc_d, out_d, None, kvcache, options, None, 0, stream)),
         ("torch.empty_like(q) (out; q is contiguous)", lambda: torch.empty_like(q)),
         ("describe(q)", lambda: ft.describe(call, "q", q)),
-        ("_int32_metadata(page_table)", lambda: ft._int32_metadata(call, "page_table", table, q, 2, q.shape[0])),
+        ("_int32_metadata(page_table)",
+         lambda: ft._int32_metadata(call, "page_table", table, q, q_kind, 2, q.shape[0])),
         ("_capi.KvCache(...)", lambda: _capi.KvCache(lens.data_ptr(), table.data_ptr(), table.shape[1], kn_d, vn_d)),
         ("_capi.options(call) (cached)", lambda: _capi.options(call)),
         ("_plain_call (8 arguments)", lambda: ft._plain_call(plain)),

@@ -63,6 +63,21 @@ def _unit_head_dim_stride(t):
     return t if t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
+def _described_unit(call, name, t):
+    """(t, its _kind, its packed fa4_tensor) with t made contiguous first where _unit_head_dim_stride would copy
+    it, in one pass over its strides (issue 12's host cost; a tensor of rank 0 is described as it is, for the
+    library to refuse by name). The caller binds the returned tensor until the library call: a descriptor holds
+    only its address."""
+    kind = _kind(call, name, t)
+    shape, strides = t.shape, t.stride()
+    if shape and strides[-1] != 1 and shape[-1] > 1:
+        t = t.contiguous()
+        strides = t.stride()
+    if len(shape) == 4:
+        return t, kind, _capi.PACK_TENSOR(t.data_ptr(), *kind, 4, *shape, *strides)
+    return t, kind, _capi.tensor(call, name, t.data_ptr() or None, *kind, shape, strides)
+
+
 def _lse_shape(q):
     return (q.shape[0], q.shape[2], q.shape[1])
 
@@ -443,11 +458,13 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 # ---- KV cache (decode) ----------------------------------------------------------------------------------------
 
-def _int32_metadata(call, name, t, q, rank, rows):
-    """t (cache_seqlens: rank 1, page_table: rank 2) is a contiguous int32 tensor on q's device with `rows` rows."""
-    # Devices compared through is_cuda / get_device(): t.device builds a torch.device per access (host cost).
+def _int32_metadata(call, name, t, q, q_kind, rank, rows):
+    """t (cache_seqlens: rank 1, page_table: rank 2) is a contiguous int32 tensor on q's device with `rows` rows
+    (q_kind: q's _kind)."""
+    # Devices compared through is_cuda / get_device() and q's kind: t.device builds a torch.device per access, and
+    # q's device is known already (host cost).
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != rank or not t.is_contiguous() \
-            or not ((t.is_cuda and t.get_device() == q.get_device()) if q.is_cuda else t.is_cpu) \
+            or not ((t.is_cuda and t.get_device() == q_kind[2]) if q_kind[1] == _capi.CUDA else t.is_cpu) \
             or t.shape[0] != rows:
         got = (f"{t.dtype} shape {list(t.shape)}{'' if t.is_contiguous() else ' non-contiguous'} on {t.device}"
                if isinstance(t, torch.Tensor) else type(t).__name__)
@@ -461,12 +478,13 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     """(out, lse): out [b, s_q, h, d] contiguous in q's dtype, lse [b, h, s_q] float32 (None unless need_lse: the
     library then writes none). With k_new and v_new, writes them into k_cache and v_cache (in place) first."""
     call = "fa4.flash_attn_with_kvcache"
-    q = _unit_head_dim_stride(q)
-    rows = q.shape[0]
+    q, q_kind, q_d = _described_unit(call, "q", q)  # q's kind and shape serve out's descriptor too (out is like q)
+    q_shape = q.shape
+    rows = q_shape[0]
     if cache_seqlens is not None:
-        _int32_metadata(call, "cache_seqlens", cache_seqlens, q, 1, rows)
+        _int32_metadata(call, "cache_seqlens", cache_seqlens, q, q_kind, 1, rows)
     if page_table is not None:
-        _int32_metadata(call, "page_table", page_table, q, 2, rows)
+        _int32_metadata(call, "page_table", page_table, q, q_kind, 2, rows)
     # A contiguous q's like is contiguous already (its size-1 dims' strides may differ, which no address sees, and
     # _describe_fresh describes out with torch's own); the memory_format argument costs ~0.5 us (issue 12).
     out = torch.empty_like(q) if q.is_contiguous() else torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -474,20 +492,16 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     # Bound here, not made inside the descriptor's expression: a head-dim copy must outlive the library call (a
     # descriptor holds only its address; a copy freed before the call was read as garbage). Each on its own: the
     # op called directly with one of them is the library's to refuse by name.
-    k_new = None if k_new is None else _unit_head_dim_stride(k_new)
-    v_new = None if v_new is None else _unit_head_dim_stride(v_new)
+    k_new, _, k_new_d = (None, None, None) if k_new is None else _described_unit(call, "k", k_new)
+    v_new, _, v_new_d = (None, None, None) if v_new is None else _described_unit(call, "v", v_new)
     # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
     # non-unit head_dim stride).
-    # q's kind and shape serve out's descriptor too (out is made like q).
-    q_kind, q_shape = _kind(call, "q", q), q.shape
-    q_d = _capi.PACK_TENSOR(q.data_ptr(), *q_kind, 4, *q_shape, *q.stride())
     k_cache_d, v_cache_d = describe(call, "k_cache", k_cache), describe(call, "v_cache", v_cache)
     out_d = _describe_fresh(out, q_kind, q_shape)
     kvcache = _capi.KvCache(None if cache_seqlens is None else cache_seqlens.data_ptr(),
                             None if page_table is None else page_table.data_ptr(),
                             0 if page_table is None else page_table.shape[1],
-                            None if k_new is None else describe(call, "k", k_new),
-                            None if v_new is None else describe(call, "v", v_new))
+                            k_new_d, v_new_d)
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
                             sinks=_sinks(call, learnable_sink), num_splits=num_splits)
     switch_to, stream = _launch_on(q)

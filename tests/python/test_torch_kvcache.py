@@ -214,6 +214,13 @@ def test_bad_arguments_are_named():
              page_table=table)
     with pytest.raises(fa4.InvalidArgumentError, match="positive multiple of 16"):
         call(q, k_cache[:, :8], v_cache[:, :8], cache_seqlens=seqlens, page_table=table)
+    # Appended keys of another rank, a scalar included (it has no head_dim stride to test), and of a dtype fa4 has
+    # no code for: named, not an IndexError.
+    for bad_k in (k_new[0, 0, 0, 0], k_new[:, :, 0]):
+        with pytest.raises(fa4.InvalidArgumentError, match="'kvcache.k_new': expected rank 4"):
+            call(q, k_cache, v_cache, bad_k, v_new, cache_seqlens=seqlens, page_table=table)
+    with pytest.raises(fa4.InvalidArgumentError, match="'k': expected dtype"):
+        call(q, k_cache, v_cache, k_new.int(), v_new, cache_seqlens=seqlens, page_table=table)
     with pytest.raises(fa4.UnsupportedError, match="no backward"):
         call(q.clone().requires_grad_(), k_cache, v_cache, cache_seqlens=seqlens, page_table=table)
     with torch.no_grad():
