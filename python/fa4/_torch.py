@@ -194,6 +194,8 @@ _increment_version = getattr(torch._C, "_increment_version", torch.autograd.grap
 
 
 _is_tracing = getattr(torch._C, "_is_tracing", torch.jit.is_tracing)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack",
+                          lambda: 0 if _get_current_dispatch_mode() is None else 1)
 
 
 def _plain_call(tensors):
@@ -204,8 +206,10 @@ def _plain_call(tensors):
     what those machineries need to see."""
     # _is_tracing is torch.jit.is_tracing()'s answer outside TorchScript without its Python wrapper (host cost);
     # is_compiling() stays the public call, which dynamo recognizes while it traces this function.
+    # A dispatch mode is active exactly when the mode stack is not empty (_get_current_dispatch_mode's own test,
+    # without its Python frame).
     if torch.compiler.is_compiling() or _is_tracing() or torch._C._are_functorch_transforms_active() \
-            or torch._C._is_torch_function_mode_enabled() or _get_current_dispatch_mode() is not None:
+            or torch._C._is_torch_function_mode_enabled() or _dispatch_modes() > 0:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
@@ -503,7 +507,8 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
                             0 if page_table is None else page_table.shape[1],
                             k_new_d, v_new_d)
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
-                            sinks=_sinks(call, learnable_sink), num_splits=num_splits)
+                            sinks=None if learnable_sink is None else describe(call, "learnable_sink", learnable_sink),
+                            num_splits=num_splits)
     switch_to, stream = _launch_on(q)
     launch = (q_d, k_cache_d, v_cache_d, out_d, None if lse is None else describe(call, "lse", lse), kvcache, options,
               None, 0, stream)
@@ -565,14 +570,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, cache_seqlens=N
         missing = "v" if v is None else "k"
         raise InvalidArgumentError(f"{call}: argument '{missing}': expected a tensor (k and v are appended "
                                    f"together), got None")
-    _check_sink(call, learnable_sink)
+    if learnable_sink is not None:  # a call less without sinks (issue 12's host cost)
+        _check_sink(call, learnable_sink)
     if cache_seqlens is not None and not isinstance(cache_seqlens, torch.Tensor):
         cache_seqlens = torch.full((q.shape[0],), _int(call, "cache_seqlens", cache_seqlens), dtype=torch.int32,
                                    device=q.device)
     window_left, window_right = _capi.window_bounds(call, window_size)
     args = (q, k_cache, v_cache, k, v, cache_seqlens, page_table, learnable_sink,
             None if softmax_scale is None else float(softmax_scale), bool(causal), window_left, window_right,
-            float(softcap), _int(call, "num_splits", num_splits))
+            float(softcap), num_splits if type(num_splits) is int else _int(call, "num_splits", num_splits))
     plain = _plain_call((q, k_cache, v_cache, k, v, cache_seqlens, page_table, learnable_sink))
     # A plain call has nothing that requires grad in grad mode (_plain_call checked): the generator below runs
     # only otherwise (about 1 µs of host time, issue 12).
