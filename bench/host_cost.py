@@ -75,7 +75,7 @@ def kvcache_pieces(args, calls, device, reps):
         ("_capi.forward_kvcache (ctypes + the library call)",
          lambda: _capi.forward_kvcache(q_d, kc_d, vc_d, out_d, None, kvcache, options, None, 0, stream)),
         ("torch.empty_like(q) (out; q is contiguous)", lambda: torch.empty_like(q)),
-        ("describe(q)", lambda: ft.describe(call, "q", q)),
+        ("_described_unit(q)", lambda: ft._described_unit(call, "q", q)),
         ("_int32_metadata(page_table)",
          lambda: ft._int32_metadata(call, "page_table", table, q, q_kind, 2, q.shape[0])),
         ("_capi.KvCache(...)", lambda: _capi.KvCache(lens.data_ptr(), table.data_ptr(), table.shape[1], kn_d, vn_d)),

@@ -65,9 +65,9 @@ def _unit_head_dim_stride(t):
 
 def _described_unit(call, name, t):
     """(t, its _kind, its packed fa4_tensor) with t made contiguous first where _unit_head_dim_stride would copy
-    it, in one pass over its strides (issue 12's host cost; a tensor of rank 0 is described as it is, for the
-    library to refuse by name). The caller binds the returned tensor until the library call: a descriptor holds
-    only its address."""
+    it, in one pass over its strides (issue 12's host cost; a tensor of rank 0 is described as it is: the caller or
+    the library refuses its rank by name). The caller binds the returned tensor until the library call: a
+    descriptor holds only its address."""
     kind = _kind(call, name, t)
     shape, strides = t.shape, t.stride()
     if shape and strides[-1] != 1 and shape[-1] > 1:
@@ -484,6 +484,9 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     call = "fa4.flash_attn_with_kvcache"
     q, q_kind, q_d = _described_unit(call, "q", q)  # q's kind and shape serve out's descriptor too (out is like q)
     q_shape = q.shape
+    if len(q_shape) != 4:  # the op called directly (the public call checked it): named, not an IndexError
+        raise InvalidArgumentError(f"{call}: argument 'q': expected rank 4 ([batch, seqlen, heads, head_dim]), got "
+                                   f"rank {len(q_shape)}")
     rows = q_shape[0]
     if cache_seqlens is not None:
         _int32_metadata(call, "cache_seqlens", cache_seqlens, q, q_kind, 1, rows)
@@ -493,14 +496,14 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     # _describe_fresh describes out with torch's own); the memory_format argument costs ~0.5 us (issue 12).
     out = torch.empty_like(q) if q.is_contiguous() else torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device) if need_lse else None
+    # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
+    # non-unit head_dim stride). Described before k and v, so a bad dtype is named in the arguments' order.
+    k_cache_d, v_cache_d = describe(call, "k_cache", k_cache), describe(call, "v_cache", v_cache)
     # Bound here, not made inside the descriptor's expression: a head-dim copy must outlive the library call (a
     # descriptor holds only its address; a copy freed before the call was read as garbage). Each on its own: the
     # op called directly with one of them is the library's to refuse by name.
     k_new, _, k_new_d = (None, None, None) if k_new is None else _described_unit(call, "k", k_new)
     v_new, _, v_new_d = (None, None, None) if v_new is None else _described_unit(call, "v", v_new)
-    # The caches are written in place: described as they are (a copy would lose the append; fa4 names a
-    # non-unit head_dim stride).
-    k_cache_d, v_cache_d = describe(call, "k_cache", k_cache), describe(call, "v_cache", v_cache)
     out_d = _describe_fresh(out, q_kind, q_shape)
     kvcache = _capi.KvCache(None if cache_seqlens is None else cache_seqlens.data_ptr(),
                             None if page_table is None else page_table.data_ptr(),

@@ -545,7 +545,7 @@ VarlenCase layout_case(int head_dim, bool ragged) {
   return c;
 }
 
-// Deterministic mode in 1, 2 and 4 turn chains (FA4_BWD_DET_CHAINS): a sequence's key blocks split into chains
+// Deterministic mode in 1 to 4 turn chains (FA4_BWD_DET_CHAINS): a sequence's key blocks split into chains
 // (block n % chains of its own blocks) whose slabs land in the workspace's copies; right, and a second run gives
 // the same bits (check_varlen_backward). Both workspace layouts: ragged lengths take the compact one (a region per
 // head), equal lengths of whole tiles the per-sequence one (the smaller there). Two chains also with each chain's
@@ -553,7 +553,7 @@ VarlenCase layout_case(int head_dim, bool ragged) {
 TEST(GpuVarlenSm90, BackwardDeterministicChains) {
   REQUIRE_SM90();
   uint64_t seed = 900;
-  for (const char* chains : {"1", "2", "4", "2 store-first"})
+  for (const char* chains : {"1", "2", "3", "4", "2 store-first"})
     for (int d : {64, 128, 256})
       for (bool ragged : {true, false}) {
         const bool store_first = std::string(chains) == "2 store-first";
