@@ -81,7 +81,7 @@ def kvcache_pieces(args, calls, device, reps):
         ("_capi.KvCache(...)", lambda: _capi.KvCache(lens.data_ptr(), table.data_ptr(), table.shape[1], kn_d, vn_d)),
         ("_capi.options(call) (cached)", lambda: _capi.options(call)),
         ("_plain_call (8 arguments)", lambda: ft._plain_call(plain)),
-        ("_launch_on(q) (device and stream)", lambda: ft._launch_on(q)),
+        ("_launch_on(q's kind) (device and stream)", lambda: ft._launch_on(q_kind)),
         ("_increment_version((k_cache, v_cache))", lambda: ft._increment_version((k_cache, v_cache))),
         ("torch.is_grad_enabled()", torch.is_grad_enabled),
         ("nothing (a lambda's call)", lambda: None),

@@ -112,13 +112,14 @@ def _stream(q):
     return _stream_of(q.get_device()) if q.is_cuda else None
 
 
-def _launch_on(q):
-    """(the device to make current for the launch, None where q's already is or q is on the CPU; the current
-    stream's handle on q's device, None for a CPU tensor): _device_guard's and _stream's answers from one device
-    query, with no context to enter in the common single-GPU case (host cost, issue 12)."""
-    if not q.is_cuda:
+def _launch_on(kind):
+    """(the device to make current for the launch, None where it already is or the tensor is on the CPU; the
+    current stream's handle on its device, None for a CPU tensor) of the tensor whose _kind this is: _device_guard's
+    and _stream's answers without asking the tensor again, with no context to enter in the common single-GPU case
+    (host cost, issue 12)."""
+    if kind[1] != _capi.CUDA:
         return None, None
-    index = q.get_device()
+    index = kind[2]
     return _switch_target(index), _stream_of(index)
 
 
@@ -512,7 +513,7 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
                             sinks=None if learnable_sink is None else describe(call, "learnable_sink", learnable_sink),
                             num_splits=num_splits)
-    switch_to, stream = _launch_on(q)
+    switch_to, stream = _launch_on(q_kind)
     launch = (q_d, k_cache_d, v_cache_d, out_d, None if lse is None else describe(call, "lse", lse), kvcache, options,
               None, 0, stream)
     if switch_to is None:
