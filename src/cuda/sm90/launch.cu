@@ -426,7 +426,6 @@ void map_value_tails(const Tensor& v, int64_t head_dim, FwdParams& params) {
 // divides by it (perf-log F30).
 void set_page_size(const KvCacheArgs& cache, DecodeParams& params) { params.page_size = int32_t(cache.page_size); }
 void set_page_size(const KvCacheArgs& cache, FwdParams& params) {
-  params.page_size = int32_t(cache.page_size);
   if (cache.page_table != nullptr) params.page_divmod = cuda::FastDivmod(uint32_t(cache.page_size));
 }
 

@@ -82,8 +82,8 @@ struct FwdParams {
   // row j % page_size of page page_table[b · page_table_stride + j / page_size] (page_divmod divides).
   int32_t seqlen_k_added = 0;  // the keys appended in this call (k_new), already in the cache
   const int32_t* page_table = nullptr;
-  int32_t page_table_stride = 0, page_size = 0;  // page_size: read by no kernel since F30 (page_divmod divides)
-  cuda::FastDivmod page_divmod;  // by page_size (the producer's per-box page and row; perf-log F30)
+  int32_t page_table_stride = 0;
+  cuda::FastDivmod page_divmod;  // by the page size (the producer's per-box page and row; perf-log F30)
   // The instances with per-sequence geometry load a K/V tile in boxes of kv_box_rows rows (block_n; for a paged
   // cache the largest divisor of block_n that fits a page). V's rows past the sequence's keys are loaded as
   // zeros (out-of-bounds boxes; the box that straddles the end in 16-row and 1-row boxes of v_map16 / v_map1):
