@@ -510,6 +510,7 @@ def _forward_kvcache_impl(q, k_cache, v_cache, k_new, v_new, cache_seqlens, page
                             None if page_table is None else page_table.data_ptr(),
                             0 if page_table is None else page_table.shape[1],
                             k_new_d, v_new_d)
+    # The sinks' descriptor is _sinks's expression written out: a Python frame less on the decode path (issue 12).
     options = _capi.options(call, softmax_scale, causal, window_left, window_right, softcap, False,
                             sinks=None if learnable_sink is None else describe(call, "learnable_sink", learnable_sink),
                             num_splits=num_splits)
