@@ -13,6 +13,7 @@
 #include "testing/env.hpp"
 
 #if FA4_WITH_SM90
+#include "cuda/sm90/bwd/walk_order.hpp"
 #include "cuda/sm90/launch.hpp"
 
 namespace {
@@ -21,22 +22,26 @@ using fa4::testing::EnvOverride;
 
 // The problem of a small bf16 batch at head dim d with seqlen_k keys (the tensors' data is never read). The
 // default key count is past kShortKeysMax, where the rows' own chain counts apply.
-fa4::sm90::BackwardPaths paths(int d, bool deterministic, bool causal = false, int64_t seqlen_k = 2048) {
+fa4::detail::Problem problem(int d, bool deterministic, bool causal, int64_t seqlen_k, int64_t seqlen_q) {
   static std::vector<uint16_t> buffer(1 << 21);
-  const fa4::Tensor q = fa4::Tensor::contiguous(buffer.data(), fa4::DType::bf16, fa4::Device::cpu, {1, 256, 4, d});
+  const fa4::Tensor q = fa4::Tensor::contiguous(buffer.data(), fa4::DType::bf16, fa4::Device::cpu, {1, seqlen_q, 4, d});
   const fa4::Tensor kv =
       fa4::Tensor::contiguous(buffer.data(), fa4::DType::bf16, fa4::Device::cpu, {1, seqlen_k, 2, d});
   fa4::Options o;
   o.deterministic = deterministic;
   o.causal = causal;
-  return fa4::sm90::backward_paths(fa4::detail::validate_inputs("test", q, kv, kv, o), false);
+  return fa4::detail::validate_inputs("test", q, kv, kv, o);
+}
+fa4::sm90::BackwardPaths paths(int d, bool deterministic, bool causal = false, int64_t seqlen_k = 2048,
+                               int64_t seqlen_q = 256) {
+  return fa4::sm90::backward_paths(problem(d, deterministic, causal, seqlen_k, seqlen_q), false);
 }
 
 TEST(BackwardPaths, DefaultsPerRow) {
   std::vector<std::unique_ptr<EnvOverride>> unset;  // the defaults, whatever the caller's environment
   for (const char* name : {"FA4_BWD_CLUSTER", "FA4_BWD_DQ_REGISTER_ADDS", "FA4_BWD_DET_REGISTER_ADDS",
                            "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_HELPER",
-                           "FA4_BWD_DET_STORE_FIRST", "FA4_BWD_DET_SLAB_RELEASE"})
+                           "FA4_BWD_DET_STORE_FIRST", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_ROTATED"})
     unset.push_back(std::make_unique<EnvOverride>(name, nullptr));
   // Default mode: register adds at d = 128 only (perf-log B20); nothing deterministic.
   for (int d : {64, 128, 192, 256}) {
@@ -60,6 +65,7 @@ TEST(BackwardPaths, DefaultsPerRow) {
       EXPECT_EQ(b.det_turn_helpers, d > 128) << d << causal;
       EXPECT_FALSE(b.dq_register_adds) << d << causal;
       EXPECT_EQ(b.det_chains, d == 128 || causal ? 1 : 4) << d << causal;
+      EXPECT_FALSE(b.det_rotated_walk) << d << causal;  // an A/B switch (perf-log B29)
     }
 }
 
@@ -136,6 +142,54 @@ TEST(BackwardPaths, SwitchesReachTheKernelWhereTheyApply) {
     const EnvOverride bad("FA4_BWD_DET_REGISTER_ADDS", "yes");
     EXPECT_THROW(paths(128, true), fa4::Error);
   }
+}
+
+// FA4_BWD_DET_ROTATED=1: deterministic calls without a mask whose key blocks fit on distinct walk positions
+// (n <= group · m_tiles) and on the SMs, with one chain; nowhere else.
+TEST(BackwardPaths, RotatedWalkWhereItApplies) {
+  const EnvOverride chains("FA4_BWD_DET_CHAINS", nullptr);
+  const EnvOverride on("FA4_BWD_DET_ROTATED", "1");
+  // q [1, 1024, 4, d], k [1, 1024, 2, d]: group 2; d = 256 (64 × 64 tiles): 16 key blocks, 32 positions.
+  for (int d : {64, 128, 192, 256}) {
+    const auto b = paths(d, true, false, 1024, 1024);
+    EXPECT_TRUE(b.det_rotated_walk) << d;
+    EXPECT_EQ(b.det_chains, 1) << d;
+  }
+  EXPECT_FALSE(paths(256, true, /*causal=*/true, 1024, 1024).det_rotated_walk);  // a mask
+  EXPECT_FALSE(paths(256, false, false, 1024, 1024).det_rotated_walk);            // not deterministic
+  EXPECT_TRUE(paths(256, true, false, 2048, 1024).det_rotated_walk);               // 32 blocks on 32 positions
+  EXPECT_FALSE(paths(256, true, false, 2049, 1024).det_rotated_walk);              // 33 blocks
+  const auto p = problem(256, true, false, 1024, 1024);
+  EXPECT_TRUE(fa4::sm90::backward_paths(p, false, /*sms=*/16).det_rotated_walk);
+  EXPECT_FALSE(fa4::sm90::backward_paths(p, false, /*sms=*/15).det_rotated_walk);  // not resident at once
+  EXPECT_FALSE(fa4::sm90::backward_paths(p, /*varlen=*/true).det_rotated_walk);
+  {
+    const EnvOverride pair("FA4_BWD_CLUSTER", "1");  // never with the pair (deterministic mode has none)
+    EXPECT_TRUE(paths(128, true, false, 1024, 1024).det_rotated_walk);
+  }
+  const EnvOverride bad("FA4_BWD_DET_ROTATED", "2");
+  EXPECT_THROW(paths(256, true, false, 1024, 1024), fa4::Error);
+}
+
+// The rotated walk's turns (walk_order.hpp) against the arrival steps they stand for: on every position, the
+// blocks ordered by the step at which they reach it, for every n and P >= n up to 40.
+TEST(BwdRotatedWalk, TurnsFollowTheArrivalStepOnEveryPosition) {
+  for (int32_t n = 1; n <= 40; ++n)
+    for (int32_t positions = n; positions <= 40; ++positions) {
+      const fa4::sm90::RotatedWalk walk{n, positions};
+      for (int32_t j = 1; j < n; ++j) ASSERT_LT(walk.start(j - 1), walk.start(j)) << n << " " << positions;
+      for (int32_t t = 0; t < positions; ++t) {
+        std::vector<int32_t> steps(n), seen(n, 0);
+        for (int32_t j = 0; j < n; ++j) steps[j] = ((t - walk.start(j)) % positions + positions) % positions;
+        for (int32_t j = 0; j < n; ++j) {
+          const int32_t earlier = int32_t(std::count_if(steps.begin(), steps.end(), [&](int32_t s) { return s < steps[j]; }));
+          const int32_t turn = walk.turn(j, t);
+          ASSERT_EQ(turn, earlier) << "n " << n << " P " << positions << " t " << t << " j " << j;
+          ++seen[turn];
+        }
+        for (int32_t k = 0; k < n; ++k) ASSERT_EQ(seen[k], 1) << n << " " << positions << " " << t;
+      }
+    }
 }
 
 }  // namespace

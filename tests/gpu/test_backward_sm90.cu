@@ -17,6 +17,7 @@
 #include "api/validate.hpp"
 #include "cpu/reference.hpp"
 #include "cuda/sm90/bwd/config.hpp"
+#include "cuda/sm90/launch.hpp"
 #include "fa4/fa4.hpp"
 #include "gpu_test_util.hpp"
 #include "testing/tensors.hpp"
@@ -430,6 +431,7 @@ TEST(GpuBackwardSm90, DeterministicTurnHelpersMatchTheInlineTurns) {
 // the GPU holds at once (a block must never wait for one launched after it). The workspace grows by the copies.
 TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
   REQUIRE_SM90();
+  const EnvOverride chains_not_rotated("FA4_BWD_DET_ROTATED", "0");  // the chains, whatever the default
   auto run = [](BwdCase c, const char* what) {
     SCOPED_TRACE(what);
     check_backward_case(c);
@@ -505,6 +507,81 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
   det_causal.causal = true;
   EXPECT_EQ(bytes(nullptr, det_causal, x64), bytes("1", det_causal, x64));
   EXPECT_LT(bytes(nullptr, det_causal, x64), bytes(nullptr, det, x64));
+}
+
+// FA4_BWD_DET_ROTATED=1 (perf-log B29): the rotated walk on a persistent cooperative grid, every row: right and
+// bitwise repeatable, and the path the launch takes (asked of backward_paths with this GPU's SM count, so a shape
+// that fell back to the chains would fail here, not pass as the chains). Tails on both sides; grids with many work
+// items per CTA (a (batch, kv head) per round), under every deterministic switch; and 4096 keys (32 key blocks on
+// 32 positions: every block starts on its own position).
+TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
+  REQUIRE_SM90();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
+  const EnvOverride rotated("FA4_BWD_DET_ROTATED", "1");
+  auto takes_the_rotated_walk = [&](const BwdCase& c) {
+    static std::vector<uint16_t> buffer(1);  // descriptors only: validate_inputs reads shapes, never data
+    const auto desc = [&](int64_t s, int64_t h) {
+      return fa4::Tensor::contiguous(buffer.data(), DType::bf16, fa4::Device::cpu, {c.batch, s, h, c.head_dim});
+    };
+    const auto problem = fa4::detail::validate_inputs("test", desc(c.seqlen_q, c.heads_q),
+                                                      desc(c.seqlen_k, c.heads_kv), desc(c.seqlen_k, c.heads_kv),
+                                                      c.options);
+    return fa4::sm90::backward_paths(problem, false, sms).det_rotated_walk;
+  };
+  auto run = [&](BwdCase c, const std::string& what) {
+    SCOPED_TRACE(what);
+    c.options.deterministic = true;
+    ASSERT_TRUE(takes_the_rotated_walk(c)) << c.name() << " " << what;
+    check_backward_case(c);
+    const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
+    EXPECT_EQ(r.repeats_differing, 0) << c.name() << " " << what << ": runs whose gradients differ from the first, of 3";
+  };
+  // Per row, group 2 and tails: d = 64 (128 × 128 tiles) 3 query tiles per head, 6 key blocks; d = 128 (64 × 128)
+  // 5 and 9; d = 192 and 256 (64 × 64) 5 and 10 (every position a start).
+  const int dims[] = {64, 128, 192, 256};
+  const int64_t seqlen_k_of[] = {700, 1100, 600, 600};
+  for (int row = 0; row < 4; ++row) {
+    const int d = dims[row];
+    BwdCase c;
+    c.head_dim = d;
+    c.batch = 2, c.seqlen_q = 300, c.seqlen_k = seqlen_k_of[row], c.heads_q = 4, c.heads_kv = 2;
+    c.seed = 7900 + uint64_t(d);
+    run(c, "tails");
+  }
+  // Many items per CTA: 32 (batch, kv head)s (d = 256: 10 key blocks, 320 items on 13 rounds of 10 CTAs at one CTA
+  // per SM), under each deterministic switch.
+  const std::pair<const char*, const char*> switches[] = {
+      {"FA4_BWD_DET_HELPER", "0"},       {"FA4_BWD_DET_STORE_FIRST", "0"}, {"FA4_BWD_DET_REGISTER_ADDS", "0"},
+      {"FA4_BWD_DET_REGISTER_ADDS", "1"}, {"FA4_BWD_DET_TWO_BUFFERS", "0"}, {"FA4_BWD_DET_SLAB_RELEASE", "0"},
+      {"FA4_BWD_DET_CHAINS", "4"}};
+  for (int d : {64, 128, 256}) {
+    BwdCase c;
+    c.head_dim = d;
+    c.batch = 4, c.seqlen_q = 320, c.seqlen_k = d == 64 ? 640 : 600, c.heads_q = 16, c.heads_kv = 8;
+    c.seed = 7950 + uint64_t(d);
+    run(c, "many items per CTA");
+    if (d != 256) continue;
+    for (const auto& [name, value] : switches) {
+      const EnvOverride override(name, value);
+      run(c, std::string("many items per CTA, ") + name + "=" + value);
+    }
+  }
+  for (const auto& [name, value] : switches) {  // the key-split rows' writers and register adds
+    if (std::string(name) == "FA4_BWD_DET_HELPER") continue;
+    const EnvOverride override(name, value);
+    BwdCase c;
+    c.head_dim = 128;
+    c.batch = 4, c.seqlen_q = 320, c.seqlen_k = 600, c.heads_q = 8, c.heads_kv = 4;
+    c.seed = 7960;
+    run(c, std::string("d = 128, ") + name + "=" + value);
+  }
+  BwdCase c;  // 4096 keys: 32 key blocks of 128 (d = 64) on 2 heads × 16 query tiles
+  c.head_dim = 64;
+  c.batch = 1, c.seqlen_q = 2048, c.seqlen_k = 4096, c.heads_q = 2, c.heads_kv = 1;
+  c.seed = 7990;
+  run(c, "4096 keys");
 }
 
 // FA4_BWD_DET_STORE_FIRST=1: each chain's first adder stores its slab (nothing zeroed; the postprocess skips a copy

@@ -104,9 +104,12 @@ struct BackwardPaths {
   bool det_slab_release = false;   // deterministic key-split writers pass each slab's turn on its own
   bool det_store_first = false;    // deterministic: each chain's first slab stored
   bool det_two_buffers = false;    // deterministic key-split rows: a staging buffer per dQ writer
-  int det_chains = 1;              // turn chains (1 outside deterministic mode)
+  int det_chains = 1;              // turn chains (1 outside deterministic mode and on the rotated walk)
+  bool det_rotated_walk = false;   // FA4_BWD_DET_ROTATED where it applies (persistent cooperative grid)
 };
-BackwardPaths backward_paths(const detail::Problem& p, bool varlen);
+// sms: the device's SM count (the rotated walk needs a (batch, kv head)'s key blocks resident at once); < 0: not
+// checked (host-only tests).
+BackwardPaths backward_paths(const detail::Problem& p, bool varlen, int64_t sms = -1);
 
 // Bytes of workspace the backward needs (bwd/config.hpp's layout: fp32 dQ accumulator (one copy per deterministic
 // turn chain), LSE·log2e, D; a variable-length problem (p.varlen) in the compact layout of its packed rows).

@@ -34,10 +34,12 @@ cudaError_t opt_in_dynamic_smem(const void* kernel, uint32_t smem, bool again = 
 // `programmatic`: a programmatic dependent launch (PDL) on the stream's previous kernel: the grid may become
 // resident before that kernel has finished, so the kernel must call cudaGridDependencySynchronize before it
 // reads or writes global memory (the forward does, first thing).
+// `cooperative`: every CTA resident at once, or the launch fails (cudaErrorCooperativeLaunchTooLarge): for grids
+// whose CTAs wait for one another (the backward's persistent rotated walk).
 template <class Params>
 cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint32_t threads, uint32_t smem,
                                      cudaStream_t stream, const Params& params, uint32_t cluster = 1,
-                                     bool programmatic = false) {
+                                     bool programmatic = false, bool cooperative = false) {
   if (const cudaError_t e = opt_in_dynamic_smem(reinterpret_cast<const void*>(kernel), smem); e != cudaSuccess)
     return e;
   cudaLaunchConfig_t config{};
@@ -45,7 +47,7 @@ cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint
   config.blockDim = dim3(threads);
   config.dynamicSmemBytes = smem;
   config.stream = stream;
-  cudaLaunchAttribute attrs[2]{};
+  cudaLaunchAttribute attrs[3]{};
   config.attrs = attrs;
   if (cluster > 1) {  // consecutive CTAs form a cluster (grid a multiple of `cluster`)
     cudaLaunchAttribute& a = attrs[config.numAttrs++];
@@ -56,6 +58,11 @@ cudaError_t launch_with_dynamic_smem(void (*kernel)(Params), uint32_t grid, uint
     cudaLaunchAttribute& a = attrs[config.numAttrs++];
     a.id = cudaLaunchAttributeProgrammaticStreamSerialization;
     a.val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cooperative) {
+    cudaLaunchAttribute& a = attrs[config.numAttrs++];
+    a.id = cudaLaunchAttributeCooperative;
+    a.val.cooperative = 1;
   }
   cudaError_t e = cudaLaunchKernelEx(&config, kernel, params);
   if (e == cudaErrorInvalidValue && smem > 48 * 1024) {  // the opt-in may have been lost with a reset context

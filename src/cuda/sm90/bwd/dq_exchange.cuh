@@ -123,16 +123,15 @@ class DqPairExchange {
 
 // Warps 2 and 3 of the producer warpgroup with the exchange on: adders 1 and 2, over the CTA's walk.
 template <int Row>
-__device__ __forceinline__ void bwd_dq_adder_role(const BwdParams& p, BwdSharedStorage<Row>& smem,
-                                                  const BwdWork& work, int adder) {
-  if (work.empty()) return;
+__device__ __forceinline__ void bwd_dq_adder_role(const BwdParams& p, BwdSharedStorage<Row>& smem, int adder) {
+  using Config = BwdConfig<Row>;
   trace::Recorder rec(FA4_TRACE_SINK(p), 0, false);  // helpers record nothing
   const DqPairExchange<Row> exchange(smem, ptx::cluster_ctarank(), adder, false);
   auto phase = cuda::consumer_start_state<1>();
   auto no_unit = [](int) { return static_cast<float*>(nullptr); };
-  for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h)
-    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block, ++phase)
-      exchange.tile(phase, no_unit, rec, m_block);
+  for_each_work_item<Config::kBlockM, Config::kBlockN, /*Varlen=*/false>(p, [&](const BwdWork& work) {
+    for (TileWalk walk(p, work); walk.more(); walk.next(p, work), ++phase) exchange.tile(phase, no_unit, rec, walk.m_block);
+  });
 }
 
 }  // namespace fa4::sm90

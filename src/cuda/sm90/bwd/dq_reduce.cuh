@@ -223,18 +223,18 @@ __device__ __forceinline__ uint32_t adds_issued_barrier(int consumer) {
 // fence.acq_rel.gpu, cumulative over the barrier (CUTLASS's semaphore pattern), then a relaxed increment. The
 // fence waits for the reds to be performed at L2 (~1-2 µs under the backward's load, the 2026-12-05 trace) on
 // this warp, while the warpgroup computes the next tile.
-template <int Row, class Work>
-__device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, const Work& work, int consumer) {
+template <int Row, bool Varlen>
+__device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, int consumer) {
   using Config = BwdConfig<Row>;
   // Column-split rows: p.det_turn_helpers; key-split rows: their register adds have no inline turn variant.
-  if (work.empty() || !(Config::kColumnSplit ? p.det_turn_helpers : p.det_register_adds)) return;
+  if (!(Config::kColumnSplit ? p.det_turn_helpers : p.det_register_adds)) return;
   const bool lane0 = threadIdx.x % 32 == 0;
-  for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-    const int64_t row_base = work.template ws_row_base<Config::kBlockM>(p, h);
-    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
-      ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(
-          dq_turn_counter<Config>(p, dq_chain_of(p, work), row_base, m_block, consumer));
-      if (lane0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block));
+  for_each_work_item<Config::kBlockM, Config::kBlockN, Varlen>(p, [&](const auto& work) {
+    for (TileWalk walk(p, work); walk.more(); walk.next(p, work)) {
+      const int32_t h = walk.head, m_block = walk.m_block;
+      ::cuda::atomic_ref<int32_t, ::cuda::thread_scope_device> counter(dq_turn_counter<Config>(
+          p, dq_chain_of(p, work), work.template ws_row_base<Config::kBlockM>(p, h), m_block, consumer));
+      if (lane0) wait_for_turn(counter, dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, h, m_block));
       __syncwarp();
       ptx::named_barrier_arrive(turn_granted_barrier(consumer), kWarpgroupThreads + 32);
       ptx::named_barrier_sync(adds_issued_barrier(consumer), kWarpgroupThreads + 32);
@@ -244,7 +244,7 @@ __device__ __forceinline__ void bwd_dq_turn_helper_role(const BwdParams& p, cons
       }
       __syncwarp();
     }
-  }
+  });
 }
 
 // A warpgroup's deterministic adds in the turn its helper warp waited for (bwd_dq_turn_helper_role): the helper's
@@ -265,13 +265,13 @@ __device__ __forceinline__ void write_in_granted_turn(float* units, const ptx::W
 template <class Config, class Work>
 __device__ __forceinline__ void key_split_register_add(const BwdParams& p, const Work& work,
                                                        const ptx::WgmmaAccumulator<Config::kDqN>& dq,
-                                                       int64_t row_base, int32_t m_block, int consumer) {
+                                                       int64_t row_base, int32_t h, int32_t m_block, int consumer) {
   const int thread = threadIdx.x % kWarpgroupThreads;
   if (!p.deterministic) {
     write_accumulator_units(key_split_slab_unit<Config>(p, 0, row_base, m_block, consumer) + thread * 4, dq);
     return;
   }
-  const bool store = p.det_store_first && dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block) == 0;
+  const bool store = p.det_store_first && dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, h, m_block) == 0;
   write_in_granted_turn(key_split_slab_unit<Config>(p, dq_chain_of(p, work), row_base, m_block, consumer) + thread * 4,
                         dq, store, consumer);
 }
@@ -294,7 +294,7 @@ class DqRegisterAdder {
 
   template <int N, class Work>
   __device__ void add(const BwdParams& p, const Work& work, const ptx::WgmmaAccumulator<N>& dq, int64_t row_base,
-                      int32_t m_block) const {
+                      int32_t h, int32_t m_block) const {
     const int thread = threadIdx.x % kWarpgroupThreads;
     if (!p.deterministic) {
       write_accumulator_units(dq_accum_unit<Config>(p, 0, row_base, m_block, first_chunk_) + thread * 4, dq);
@@ -305,7 +305,7 @@ class DqRegisterAdder {
     // The chain's first slab of the tile is stored, not added (p.det_store_first: nothing was zeroed). The turn is
     // computed once, where it is needed (the helpers wait for it themselves).
     const int32_t turn =
-        p.det_store_first || !p.det_turn_helpers ? dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block) : 0;
+        p.det_store_first || !p.det_turn_helpers ? dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, h, m_block) : 0;
     const bool store = p.det_store_first && turn == 0;
     if (p.det_turn_helpers) {
       write_in_granted_turn(units, dq, store, consumer_);

@@ -30,21 +30,16 @@
 
 namespace fa4::sm90 {
 
-template <int Row, class Work>
-__device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const Work& work,
-                                                   int writer) {
+template <int Row, bool Varlen>
+__device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdSharedStorage<Row>& smem, int writer) {
   using Config = BwdConfig<Row>;
   static_assert(!Config::kColumnSplit, "column-split rows add dQ from registers");
   // The slabs this warp takes alone (the pair's exchange takes them with its helpers: DqPairExchange::tile).
   constexpr uint32_t kHandoffThreads = kWarpgroupThreads + 32;
   // With register adds the consumers add their slabs themselves.
-  if (work.empty() || p.dq_register_adds || p.det_register_adds) return;
+  if (p.dq_register_adds || p.det_register_adds) return;
   const bool leader = ptx::elect_one_sync();
   trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceDqWriter, leader && writer == 0);  // writer 0's events only
-  // The accumulator unit of warpgroup c's slab of query tile m_block.
-  auto slab_of = [&](int64_t row_base, int32_t m_block, int c) {
-    return key_split_slab_unit<Config>(p, dq_chain_of(p, work), row_base, m_block, c);
-  };
   auto take_slab = [&](int c) {  // waits until warpgroup c's slab is staged
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_buffer);
     ptx::named_barrier_sync(dq_full_barrier(c, writer), kHandoffThreads);
@@ -61,9 +56,14 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
   auto exchange = cuda::consumer_start_state<1>();  // one phase of each exchange barrier per query tile
   const int writers = dq_writers(p);
   int turn_of_writer = 0;  // which writer takes the walk's current tile (the consumers stage in the same turn)
-  for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-    const int64_t row_base = work.template ws_row_base<Config::kBlockM>(p, h);
-    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+  for_each_work_item<Config::kBlockM, Config::kBlockN, Varlen>(p, [&](const auto& work) {
+    // The accumulator unit of warpgroup c's slab of query tile m_block.
+    auto slab_of = [&](int64_t row_base, int32_t m_block, int c) {
+      return key_split_slab_unit<Config>(p, dq_chain_of(p, work), row_base, m_block, c);
+    };
+    for (TileWalk walk(p, work); walk.more(); walk.next(p, work)) {
+      const int32_t h = walk.head, m_block = walk.m_block;
+      const int64_t row_base = work.template ws_row_base<Config::kBlockM>(p, h);
       const bool mine = turn_of_writer == writer;
       turn_of_writer = turn_of_writer + 1 == writers ? 0 : turn_of_writer + 1;
       if (!mine) continue;
@@ -88,7 +88,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       }
       // Deterministic: every warpgroup's slab (each with its own counter, all with the same turn) is added before
       // one wait for the adds to be performed, so a tile costs the writer one round trip to L2, not one per slab.
-      const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, m_block);
+      const int32_t turn = dq_turn_of<Config::kBlockM, Config::kBlockN>(p, work, h, m_block);
 #pragma unroll 1
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
         take_slab(c);
@@ -137,7 +137,7 @@ __device__ __forceinline__ void bwd_dq_writer_role(const BwdParams& p, BwdShared
       }
       __syncwarp();  // converged before the next tile's barriers
     }
-  }
+  });
   if (leader) ptx::tma_store_wait<0>();  // before the CTA exits: the last adds are performed
   FA4_TRACE_FINISH(rec);
 }

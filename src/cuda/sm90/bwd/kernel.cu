@@ -4,6 +4,9 @@
 // epilogue.cuh (dK, dV). Instantiated for the sm90 bwd rows of src/cuda/instances.def.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
+
 #include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/elect.cuh"
 #include "cuda/ptx/fence.cuh"
@@ -47,7 +50,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     // consumer thread has released it (after the wgmma wait that ends the GEMMs' reads, and its own LSE₂/D reads),
     // and, with the CTA pair, every warp of the peer's consumers (its producer fills half of this CTA's stage).
     constexpr uint32_t kConsumerThreads = kWarpgroupThreads * Config::kConsumerWarpgroups;
-    cuda::Pipeline<1>::init(smem.kv_ring, 1, 1);
+    // The K/V stage is refilled per work item once every consumer thread has released it (after its epilogue).
+    cuda::Pipeline<1>::init(smem.kv_ring, 1, kConsumerThreads);
     cuda::Pipeline<Config::kStages>::init(smem.q_ring, 1, kConsumerThreads + (paired ? kConsumerThreads / 32 : 0u));
     if constexpr (Config::kPairCapable)
       for (int c = 0; c < Config::kConsumerWarpgroups; ++c) {
@@ -70,23 +74,23 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
   // preprocess's). A no-op in a plain launch.
   cudaGridDependencySynchronize();
   if (paired) ptx::cluster_sync();  // the peer's barriers are initialised before anything signals them
-  const auto work = bwd_work<Config::kBlockM, Config::kBlockN, Varlen>(p);
+  // Each role walks the CTA's work items itself (work.cuh, for_each_work_item).
 
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (bwd_role_of(warpgroup) == BwdRole::load) {
     ptx::setmaxnreg_dec<Config::kProducerRegisters>();
     const int warp = threadIdx.x / 32;
-    if (warp == kLoadWarp) bwd_load_role<Row>(p, smem, work);
+    if (warp == kLoadWarp) bwd_load_role<Row, Varlen>(p, smem);
     if constexpr (!Config::kColumnSplit) {
       if (warp >= kDqWriterWarp && warp < kDqWriterWarp + dq_writers(p))
-        bwd_dq_writer_role<Row>(p, smem, work, warp - kDqWriterWarp);
+        bwd_dq_writer_role<Row, Varlen>(p, smem, warp - kDqWriterWarp);
       if constexpr (kPairCapable)
-        if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, work, warp - kDqWriterWarp);
+        if (warp > kDqWriterWarp && paired && p.pair_dq_exchange) bwd_dq_adder_role<Row>(p, smem, warp - kDqWriterWarp);
     }
     // Deterministic turn helpers (column-split rows: p.det_turn_helpers; key-split rows: p.det_register_adds, and
     // then warp 2's writer role has returned at once).
     if (warp >= kTurnHelperWarp && warp < kTurnHelperWarp + Config::kConsumerWarpgroups)
-      bwd_dq_turn_helper_role<Row>(p, work, warp - kTurnHelperWarp);
+      bwd_dq_turn_helper_role<Row, Varlen>(p, warp - kTurnHelperWarp);
     if (paired) ptx::cluster_sync();  // see below
     return;
   }
@@ -96,34 +100,42 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
     // The head-dim chunks split over the two warpgroups (the first takes the odd one at d = 192).
     constexpr int kChunks0 = Config::kWideChunks0, kChunks1 = Config::kHeadDimChunks - kChunks0;
     if (consumer == 0)
-      bwd_wide_consumer<In, Row, kChunks0>(p, smem, work, 0, 0);
+      bwd_wide_consumer<In, Row, kChunks0, Varlen>(p, smem, 0, 0);
     else
-      bwd_wide_consumer<In, Row, kChunks1>(p, smem, work, 1, kChunks0);
+      bwd_wide_consumer<In, Row, kChunks1, Varlen>(p, smem, 1, kChunks0);
   } else {
-    ptx::WgmmaAccumulator<Config::kHeadDim> dk, dv;
-#pragma unroll
-    for (int i = 0; i < Config::kHeadDim / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
-    trace::Recorder rec(FA4_TRACE_SINK(p), bwd_trace_consumer_writer(consumer),
-                        threadIdx.x % kWarpgroupThreads == 0);
-    if (!work.empty()) bwd_mma_role<In, Row>(p, smem, work, consumer, dk, dv, rec);
-    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, work.n_block);
-    bwd_epilogue_role<In, Config::kHeadDim>(p, work, int64_t(work.n_block) * Config::kBlockN + consumer * kWgmmaM, 0,
-                                            dk, dv, smem.k, smem.v, Config::kBlockN, consumer,
-                                            Config::kConsumerWarpgroups);
-    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, work.n_block);
-    FA4_TRACE_FINISH(rec);
+    bwd_key_split_consumer<In, Row, Varlen>(p, smem, consumer);
   }
   // No CTA of a pair exits while its peer may still signal its barriers or copy into its shared memory.
   if (paired) ptx::cluster_sync();
 }
 
+// The rotated walk (p.rotated_walk) runs on a persistent cooperative grid: as many whole rounds of n_block_slots
+// CTAs (one (batch, kv head) each at a time) as are resident at once, at most one per work item group.
 template <DType Dtype, int HeadDim>
-cudaError_t launch_instance(const BwdParams& p, bool varlen, uint32_t grid, cudaStream_t stream) {
+cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream) {
   constexpr int kRow = bwd_row(HeadDim);
   static_assert(kRow >= 0, "a bwd head dim of instances.def has no row in kBwdTiles (bwd/config.hpp)");
   auto* const kernel = varlen ? bwd_kernel<wgmma_input<Dtype>(), kRow, true> : bwd_kernel<wgmma_input<Dtype>(), kRow, false>;
-  return launch_with_dynamic_smem(kernel, grid, BwdConfig<kRow>::kThreads, bwd_smem_bytes<kRow>(), stream, p,
-                                  !varlen && p.cluster_pair ? 2u : 1u, p.programmatic);
+  constexpr uint32_t kThreads = BwdConfig<kRow>::kThreads;
+  constexpr uint32_t kSmem = bwd_smem_bytes<kRow>();
+  uint32_t grid = uint32_t(p.work_items);
+  if (p.rotated_walk) {
+    if (const cudaError_t e = opt_in_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem); e != cudaSuccess)
+      return e;
+    int device = 0, sms = 0, per_sm = 0;
+    if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
+      return e;
+    if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(kThreads), kSmem);
+        e != cudaSuccess)
+      return e;
+    const int64_t rounds = int64_t(per_sm) * sms / p.n_block_slots;
+    if (rounds == 0) return cudaErrorCooperativeLaunchTooLarge;  // the host's path choice rules this out
+    grid = uint32_t(std::min<int64_t>(rounds * p.n_block_slots, p.work_items));
+  }
+  return launch_with_dynamic_smem(kernel, grid, kThreads, kSmem, stream, p, !varlen && p.cluster_pair ? 2u : 1u,
+                                  p.programmatic, p.rotated_walk);
 }
 
 }  // namespace
@@ -134,10 +146,9 @@ cudaError_t launch_instance(const BwdParams& p, bool varlen, uint32_t grid, cuda
 #define FA4_IF_bwd(...) __VA_ARGS__
 #define FA4_KERNEL(arch, pass, dtype, head_dim)                                      \
   FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
-                                  return launch_instance<DType::dtype, head_dim>(p, varlen, grid, stream);))
+                                  return launch_instance<DType::dtype, head_dim>(p, varlen, stream);))
 
-cudaError_t launch_bwd_kernel(DType p_dtype, int p_head_dim, const BwdParams& p, bool varlen, uint32_t grid,
-                              cudaStream_t stream) {
+cudaError_t launch_bwd_kernel(DType p_dtype, int p_head_dim, const BwdParams& p, bool varlen, cudaStream_t stream) {
 #include "cuda/instances.def"
   return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch
 }

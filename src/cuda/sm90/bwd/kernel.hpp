@@ -10,10 +10,11 @@
 
 namespace fa4::sm90 {
 
-// The main kernel of the instances.def bwd row (dtype, head_dim): grid = n_blocks · heads_kv · batch CTAs.
+// The main kernel of the instances.def bwd row (dtype, head_dim): one CTA per work item (p.work_items =
+// n_block_slots · heads_kv · batch), or with p.rotated_walk a persistent cooperative grid of whole rounds of
+// n_block_slots CTAs (cudaErrorCooperativeLaunchTooLarge when not even one round is resident at once).
 // varlen: its variable-length instance (p.cu_seqlens_q/k set; batch = sequences, n_blocks the longest's).
-cudaError_t launch_bwd_kernel(DType dtype, int head_dim, const BwdParams& p, bool varlen, uint32_t grid,
-                              cudaStream_t stream);
+cudaError_t launch_bwd_kernel(DType dtype, int head_dim, const BwdParams& p, bool varlen, cudaStream_t stream);
 
 // D, LSE₂ and the zeroed dQ accumulator for every padded row of every (batch, head) pair.
 cudaError_t launch_bwd_preprocess(DType dtype, const BwdPrePostParams& p, int64_t batch, cudaStream_t stream);

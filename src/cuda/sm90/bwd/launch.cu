@@ -103,6 +103,8 @@ int det_chains(const char* call, const detail::Problem& p) {
 //     at d = 128 without causal or a window; perf-log B24): deterministic key-split rows without the CTA pair add
 //     each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers, always on
 //     there: FA4_BWD_DET_HELPER applies to the column-split rows), instead of staging it for the writers.
+//   FA4_BWD_DET_ROTATED (default 0; perf-log B29): deterministic calls without a mask take the rotated walk
+//     (walk_order.hpp) on a persistent cooperative grid, where it applies (rotated_walk_applies), with one chain.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
 //     set-up overlap its tail).
@@ -116,6 +118,7 @@ struct Overrides {
   bool det_register_adds = false;
   bool pdl = false;
   bool dq_register_adds = false;
+  bool rotated = false;
 };
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
   const bool det_register_adds = tile.det_register_adds_unmasked && !p.mask.masks_anything();
@@ -123,7 +126,8 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
               env_switch(call, "FA4_BWD_DET_SLAB_RELEASE", true), env_switch(call, "FA4_BWD_DET_STORE_FIRST", true),
               env_switch(call, "FA4_BWD_DET_TWO_BUFFERS", true),
               env_switch(call, "FA4_BWD_DET_REGISTER_ADDS", det_register_adds),
-              env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", tile.dq_register_adds)};
+              env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", tile.dq_register_adds),
+              env_switch(call, "FA4_BWD_DET_ROTATED", false)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
@@ -131,8 +135,18 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
   return o;
 }
 
+// Where the rotated walk can run: deterministic, nothing masked, a dense batch (every key block of a (batch, kv
+// head) visits every query tile), at most one key block per position of the walk (distinct starts), and the
+// (batch, kv head)'s key blocks resident at once (at most one per SM; sms < 0: not checked, for host-only tests).
+bool rotated_walk_applies(const BwdTile& tile, const detail::Problem& p, bool varlen, int64_t sms) {
+  if (!p.deterministic || varlen || p.mask.masks_anything() || p.seqlen_q == 0 || p.seqlen_k == 0) return false;
+  const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
+  const int64_t positions = p.group() * ((p.seqlen_q + tile.block_m - 1) / tile.block_m);
+  return n_blocks <= positions && (sms < 0 || n_blocks <= sms);
+}
+
 // The main kernel's paths from the overrides, the row and the problem (the one place they are derived).
-BackwardPaths paths_of(const Overrides& o, const BwdTile& tile, const detail::Problem& p) {
+BackwardPaths paths_of(const Overrides& o, const BwdTile& tile, const detail::Problem& p, bool varlen, int64_t sms) {
   BackwardPaths b;
   // (The pair never runs deterministic, pair_mode refuses it; the conditions on it say what each path needs.)
   b.cluster_pair = o.pair.pair;
@@ -143,7 +157,8 @@ BackwardPaths paths_of(const Overrides& o, const BwdTile& tile, const detail::Pr
   b.det_store_first = p.deterministic && o.store_first;
   b.det_two_buffers =
       o.two_buffers && tile.det_staging_buffers == 2 && p.deterministic && !o.pair.pair && !b.det_register_adds;
-  b.det_chains = o.chains;
+  b.det_rotated_walk = o.rotated && !o.pair.pair && rotated_walk_applies(tile, p, varlen, sms);
+  b.det_chains = b.det_rotated_walk ? 1 : o.chains;
   return b;
 }
 
@@ -172,12 +187,12 @@ void check_backward_overrides(const char* call, const detail::Problem& p, bool v
   if (row >= 0) read_overrides(call, kBwdTiles[row], p, varlen);
 }
 
-BackwardPaths backward_paths(const detail::Problem& p, bool varlen) {
+BackwardPaths backward_paths(const detail::Problem& p, bool varlen, int64_t sms) {
   const char* call = "fa4::sm90::backward_paths";
   const int row = bwd_row(int(p.head_dim));
   if (row < 0)
     throw Error(Status::unsupported, std::string(call) + ": no backward tile row for head dim " + std::to_string(p.head_dim));
-  return paths_of(read_overrides(call, kBwdTiles[row], p, varlen), kBwdTiles[row], p);
+  return paths_of(read_overrides(call, kBwdTiles[row], p, varlen), kBwdTiles[row], p, varlen, sms);
 }
 
 namespace {
@@ -224,9 +239,11 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     }
     return;
   }
-  // The layout of the overrides read above; the caller's workspace was checked against the same size
-  // (detail::check_workspace, from backward_workspace_bytes).
-  const BwdWorkspaceLayout layout = layout_of(p, overrides.chains);
+  // The layout of the paths' chains; the caller's workspace was checked against the overrides' count
+  // (detail::check_workspace, from backward_workspace_bytes), which the rotated walk's one chain never exceeds.
+  const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(0);
+  const BackwardPaths paths = paths_of(overrides, tile, p, vl != nullptr, sms);
+  const BwdWorkspaceLayout layout = layout_of(p, paths.det_chains);
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
   if ((n_blocks + 1) * p.heads_kv * p.batch > kMaxIndex || p.batch * p.heads_q * (layout.rows_padded / kDqUnitRows) > kMaxIndex ||
@@ -281,7 +298,6 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   pp.block_m = tile.block_m;
   pp.turns_per_tile = bwd_consumer_warpgroups(tile);
   pp.deterministic = p.deterministic;
-  const BackwardPaths paths = paths_of(overrides, tile, p);
   pp.det_store_first = paths.det_store_first;  // the pre/postprocess's and the main kernel's
   pp.programmatic = overrides.pdl;
   pp.scale = p.scale;
@@ -343,6 +359,9 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.n_blocks = int32_t(n_blocks);
     params.n_block_slots = int32_t(params.cluster_pair ? (n_blocks + 1) / 2 * 2 : n_blocks);
     const uint32_t grid = uint32_t(int64_t(params.n_block_slots) * p.heads_kv * p.batch);
+    params.work_items = int32_t(grid);
+    params.m_tiles = int32_t(layout.rows_padded / tile.block_m);
+    params.rotated_walk = paths.det_rotated_walk;
     params.mask = p.mask;
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;
@@ -352,12 +371,13 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
                                            std::to_string(p.head_dim) + " tile " + std::to_string(tile.block_m) +
                                            "x" + std::to_string(tile.block_n) + (vl ? " varlen" : "") +
                                            (p.deterministic ? " deterministic" : "") +
-                                           (pair.pair ? (pair.dq_exchange ? " pair" : " pair multicast-only") : ""),
+                                           (pair.pair ? (pair.dq_exchange ? " pair" : " pair multicast-only") : "") +
+                                           (paths.det_rotated_walk ? " rotated" : ""),
                                        grid,
                                        bwd_trace_writer_names(bwd_consumer_warpgroups(tile)), cu_stream);
 #endif
     throw_if_cuda_error(call,
-                        launch_bwd_kernel(p.dtype, int(p.head_dim), params, vl != nullptr, grid, cu_stream),
+                        launch_bwd_kernel(p.dtype, int(p.head_dim), params, vl != nullptr, cu_stream),
                         "sm_90a backward launch failed");
   }
   if (p.seqlen_q > 0)

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cuda/pipeline/pipeline.cuh"
 #include "cuda/ptx/cluster.cuh"
@@ -42,41 +43,44 @@ __device__ __forceinline__ void load_tile_pair_half(uint8_t* smem_tile, const CU
   }
 }
 
-// Varlen work: the sequence's rows of the packed tensors (batch 1), rows past its end as zeros.
-template <int Row, class Work>
-__device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStorage<Row>& smem, const Work& work) {
+// Varlen: each item's sequence's rows of the packed tensors (batch 1), rows past its end as zeros. Per work item
+// the K/V stage is refilled once the consumers have released it (after their epilogue, which stages dK and dV in
+// the K/V tiles); the Q ring's state runs on over the items.
+template <int Row, bool Varlen>
+__device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStorage<Row>& smem) {
   using Config = BwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
   if (!ptx::elect_one_sync()) return;
-  if (work.empty()) return;  // the consumers store zeros without waiting for anything
   trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceLoadWriter, true);
   ptx::prefetch_tensormap(&p.q_map);
   ptx::prefetch_tensormap(&p.dout_map);
-
   const cuda::Pipeline<1> kv_ring(smem.kv_ring);
-  const auto kv_stage = cuda::producer_start_state<1>();
-  kv_ring.producer_acquire(kv_stage);
-  kv_ring.producer_expect_tx(kv_stage, 2 * Config::kKvTileBytes);
-  if constexpr (Work::kVarlen) {
-    const int32_t key0 = work.n_block * BlockN, keys = work.seqlen_k(p) - key0;  // > 0: the walk is not empty
-    load_tile_in_sequence<HeadDim, BlockN>(smem.k, &p.k_map, &p.k_map16, &p.k_map1, work.k_row0() + key0, keys,
-                                           work.kv_head * p.k_head_step, 0, kv_ring.full_barrier(kv_stage));
-    load_tile_in_sequence<HeadDim, BlockN>(smem.v, &p.v_map, &p.v_map16, &p.v_map1, work.k_row0() + key0, keys,
-                                           work.kv_head * p.v_head_step, 0, kv_ring.full_barrier(kv_stage));
-  } else {
-    load_tile<HeadDim, BlockN>(smem.k, &p.k_map, work.n_block * BlockN, work.kv_head * p.k_head_step,
-                               work.batch * p.k_batch_step, kv_ring.full_barrier(kv_stage));
-    load_tile<HeadDim, BlockN>(smem.v, &p.v_map, work.n_block * BlockN, work.kv_head * p.v_head_step,
-                               work.batch * p.v_batch_step, kv_ring.full_barrier(kv_stage));
-  }
-  FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
-
+  auto kv_stage = cuda::producer_start_state<1>();
   const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
   const uint32_t rank = p.cluster_pair ? ptx::cluster_ctarank() : 0u;
   auto stage = cuda::producer_start_state<Config::kStages>();
-  for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-    const int64_t row_base = work.template ws_row_base<BlockM>(p, h);
-    for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block, ++stage) {
+  for_each_work_item<BlockM, BlockN, Varlen>(p, [&](const auto& work) {
+    using Work = std::decay_t<decltype(work)>;
+    if (work.empty()) return;  // the consumers store zeros without waiting for anything
+    kv_ring.producer_acquire(kv_stage);
+    kv_ring.producer_expect_tx(kv_stage, 2 * Config::kKvTileBytes);
+    if constexpr (Work::kVarlen) {
+      const int32_t key0 = work.n_block * BlockN, keys = work.seqlen_k(p) - key0;  // > 0: the walk is not empty
+      load_tile_in_sequence<HeadDim, BlockN>(smem.k, &p.k_map, &p.k_map16, &p.k_map1, work.k_row0() + key0, keys,
+                                             work.kv_head * p.k_head_step, 0, kv_ring.full_barrier(kv_stage));
+      load_tile_in_sequence<HeadDim, BlockN>(smem.v, &p.v_map, &p.v_map16, &p.v_map1, work.k_row0() + key0, keys,
+                                             work.kv_head * p.v_head_step, 0, kv_ring.full_barrier(kv_stage));
+    } else {
+      load_tile<HeadDim, BlockN>(smem.k, &p.k_map, work.n_block * BlockN, work.kv_head * p.k_head_step,
+                                 work.batch * p.k_batch_step, kv_ring.full_barrier(kv_stage));
+      load_tile<HeadDim, BlockN>(smem.v, &p.v_map, work.n_block * BlockN, work.kv_head * p.v_head_step,
+                                 work.batch * p.v_batch_step, kv_ring.full_barrier(kv_stage));
+    }
+    ++kv_stage;
+    FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::k);
+
+    for (TileWalk walk(p, work); walk.more(); walk.next(p, work), ++stage) {
+      const int32_t h = walk.head, m_block = walk.m_block;
       FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::stage_free);
       q_ring.producer_acquire(stage);
       FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::stage_free);
@@ -99,12 +103,12 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
         load_tile<HeadDim, BlockM>(smem.dout[stage.index], &p.dout_map, m_block * BlockM, h * p.dout_head_step,
                                    work.batch * p.dout_batch_step, full);
       }
-      const int64_t row = row_base + int64_t(m_block) * BlockM;
+      const int64_t row = work.template ws_row_base<BlockM>(p, h) + int64_t(m_block) * BlockM;
       ptx::bulk_load(smem.lse_log2[stage.index], p.ws.lse_log2 + row, Config::kRowVectorBytes, full);
       ptx::bulk_load(smem.dsum[stage.index], p.ws.dsum + row, Config::kRowVectorBytes, full);
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);
     }
-  }
+  });
   FA4_TRACE_FINISH(rec);
 }
 

@@ -46,9 +46,12 @@ __device__ __forceinline__ void issue_ss_mn_b(ptx::WgmmaAccumulator<N>& acc, uin
   ptx::wgmma_commit_group();
 }
 
-template <ptx::WgmmaInput In, int Row, int Chunks, class Work>
-__device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedStorage<Row>& smem, const Work& work,
-                                                  int consumer, int first_chunk) {
+// Over the CTA's work items (a persistent grid's, or its one): per item the walk, the epilogue, and the K/V stage
+// released for the next item's load (after the epilogue, which may stage dK and dV in the K/V tiles). The Q ring's
+// state and the Pᵀ/dSᵀ buffer in turn run on over the items.
+template <ptx::WgmmaInput In, int Row, int Chunks, bool Varlen>
+__device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedStorage<Row>& smem, int consumer,
+                                                  int first_chunk) {
   using Config = BwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim, BlockM = Config::kBlockM, BlockN = Config::kBlockN;
   constexpr int kQueries = Config::kScoreQueries, N = Chunks * 64;
@@ -57,29 +60,30 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
   static_assert(Config::kColumnSplit && BlockN == kWgmmaM, "the warpgroups share one 64-key block");
   using Scores = ptx::WgmmaAccumulator<kQueries>;  // Sᵀ, dPᵀ: 64 keys × this warpgroup's 32 queries
 
-  ptx::WgmmaAccumulator<N> dk, dv;
-#pragma unroll
-  for (int i = 0; i < N / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
   const int thread = threadIdx.x % kWarpgroupThreads;
   trace::Recorder rec(FA4_TRACE_SINK(p), bwd_trace_consumer_writer(consumer), thread == 0);
-  const int64_t first_key = int64_t(work.n_block) * BlockN;
   const int col0 = first_chunk * 64;
-  if (!work.empty()) {
-    const int64_t key0 = first_key + ptx::accumulator_row(thread, 0);
-    const int64_t key[2] = {key0, key0 + 8};
-    const int col_base = 2 * (thread % 4);
-    const int query_half = consumer * kQueries;
-    const uint32_t k_tile = smem_address(smem.k), v_tile = smem_address(smem.v);
-
-    const cuda::Pipeline<1> kv_ring(smem.kv_ring);
-    kv_ring.consumer_wait(cuda::consumer_start_state<1>());
-    const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
-    auto stage = cuda::consumer_start_state<Config::kStages>();
-    const DqRegisterAdder<Row> dq_adder(consumer, first_chunk);
-    int buffer = 0;
-    for (int32_t h = work.kv_head * p.group; h < (work.kv_head + 1) * p.group; ++h) {
-      const int64_t row_base = work.template ws_row_base<BlockM>(p, h);
-      for (int32_t m_block = work.m_begin; m_block < work.m_end; ++m_block) {
+  const int col_base = 2 * (thread % 4);
+  const int query_half = consumer * kQueries;
+  const uint32_t k_tile = smem_address(smem.k), v_tile = smem_address(smem.v);
+  const cuda::Pipeline<1> kv_ring(smem.kv_ring);
+  auto kv_stage = cuda::consumer_start_state<1>();
+  const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
+  auto stage = cuda::consumer_start_state<Config::kStages>();
+  const DqRegisterAdder<Row> dq_adder(consumer, first_chunk);
+  int buffer = 0;
+  for_each_work_item<BlockM, BlockN, Varlen>(p, [&](const auto& work) {
+    ptx::WgmmaAccumulator<N> dk, dv;
+#pragma unroll
+    for (int i = 0; i < N / 2; ++i) dk.reg[i] = dv.reg[i] = 0.0f;
+    const int64_t first_key = int64_t(work.n_block) * BlockN;
+    if (!work.empty()) {
+      const int64_t key0 = first_key + ptx::accumulator_row(thread, 0);
+      const int64_t key[2] = {key0, key0 + 8};
+      kv_ring.consumer_wait(kv_stage);
+      for (TileWalk walk(p, work); walk.more(); walk.next(p, work)) {
+        const int32_t h = walk.head, m_block = walk.m_block;
+        const int64_t row_base = work.template ws_row_base<BlockM>(p, h);
         FA4_TRACE_RECORD(rec, trace::Kind::tile_begin, m_block);
         FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
         q_ring.consumer_wait(stage);
@@ -127,7 +131,7 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         ptx::wgmma_wait_group<2>();  // dQ landed; dV and dK may still run
         ptx::wgmma_fence_operand(dq);
         FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::dq_turn);  // deterministic: the turn; else the reds' issue
-        dq_adder.add(p, work, dq, row_base, m_block);
+        dq_adder.add(p, work, dq, row_base, h, m_block);
         FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::dq_turn);
         FA4_TRACE_RECORD(rec, trace::Kind::dq_add, m_block);
         ptx::wgmma_wait_group<0>();
@@ -140,11 +144,15 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
         FA4_TRACE_RECORD(rec, trace::Kind::tile_end, m_block);
       }
     }
-  }
-  FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, work.n_block);
-  bwd_epilogue_role<In, N>(p, work, first_key, col0, dk, dv, smem.k, smem.v, BlockN, consumer,
-                           Config::kConsumerWarpgroups);
-  FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, work.n_block);
+    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_begin, work.n_block);
+    bwd_epilogue_role<In, N>(p, work, first_key, col0, dk, dv, smem.k, smem.v, BlockN, consumer,
+                             Config::kConsumerWarpgroups);
+    FA4_TRACE_RECORD(rec, trace::Kind::epilogue_end, work.n_block);
+    if (!work.empty()) {
+      kv_ring.consumer_release(kv_stage);  // every consumer thread (the ring counts them)
+      ++kv_stage;
+    }
+  });
   FA4_TRACE_FINISH(rec);
 }
 

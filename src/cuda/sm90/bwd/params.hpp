@@ -62,6 +62,14 @@ struct BwdParams {
   // CTAs per (batch, kv head): n_blocks, rounded up to even with cluster_pair (the odd one out is a phantom block
   // past seqlen_k that keeps its peer's protocol). grid = n_block_slots · heads_kv · batch.
   int32_t n_block_slots = 0;
+  // Work items: one per (key block slot, kv head, batch), item i as CTA i of a grid of n_block_slots · heads_kv ·
+  // batch. A persistent grid (the rotated walk's) has fewer CTAs, each taking items blockIdx.x, + gridDim.x, ...
+  // (a multiple of n_block_slots: a CTA keeps its key block slot).
+  int32_t work_items = 0;
+  int32_t m_tiles = 0;  // query tiles of block_m per (batch, query head)
+  // Deterministic mode without a mask: the rotated walk (walk_order.hpp; FA4_BWD_DET_ROTATED, perf-log B29), on a
+  // persistent cooperative grid that holds every key block of a (batch, kv head) at once.
+  bool rotated_walk = false;
   bool cluster_pair = false;      // clusters of two CTAs on neighbouring key blocks (docs/sm90-backward.md)
   bool pair_dq_exchange = false;  // the pair sums its dQ slabs through DSMEM (else each CTA adds its own)
   num::Mask mask;

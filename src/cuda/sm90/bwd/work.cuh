@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cuda/sm90/bwd/params.hpp"
+#include "cuda/sm90/bwd/walk_order.hpp"
 #include "cuda/sm90/seq_geometry.hpp"
 
 namespace fa4::sm90 {
@@ -83,12 +84,13 @@ __device__ __forceinline__ bool key_block_sees_query_tile(const BwdParams& p, co
   return r.first <= r.last && r.first / BlockM <= m_block && m_block <= r.last / BlockM;
 }
 
-// The CTA's work: dense (BwdWork) or, for the Varlen instances, its sequence's (BwdVarlenWork: the offsets read
-// from cu_seqlens_q/k and seqused_k; a key block past the sequence's keys is empty and stores nothing).
+// Work item `item`'s work: dense (BwdWork) or, for the Varlen instances, its sequence's (BwdVarlenWork: the
+// offsets read from cu_seqlens_q/k and seqused_k; a key block past the sequence's keys is empty and stores
+// nothing).
 template <int BlockM, int BlockN, bool Varlen>
-__device__ __forceinline__ auto bwd_work(const BwdParams& p) {
+__device__ __forceinline__ auto bwd_work(const BwdParams& p, int32_t item) {
   std::conditional_t<Varlen, BwdVarlenWork, BwdWork> w;
-  const int32_t linear = int32_t(blockIdx.x);
+  const int32_t linear = item;
   const int32_t slot = linear % p.n_block_slots;
   w.kv_head = (linear / p.n_block_slots) % p.heads_kv;
   w.batch = linear / p.n_block_slots / p.heads_kv;
@@ -127,6 +129,44 @@ __device__ __forceinline__ auto bwd_work(const BwdParams& p) {
   return w;
 }
 
+// The CTA's work items: blockIdx.x, then every gridDim.x-th (one item each unless the grid is persistent). Every
+// role walks them in this order, so the CTAs of one round (blockIdx.x / n_block_slots) take the same (batch, kv
+// head) at the same time: what the rotated walk's turns need (gridDim.x is a multiple of n_block_slots).
+// Roles whose state carries from item to item (pipeline states, the dQ writers' turn) keep it outside `visit`.
+template <int BlockM, int BlockN, bool Varlen, class Visit>
+__device__ __forceinline__ void for_each_work_item(const BwdParams& p, Visit&& visit) {
+#pragma unroll 1
+  for (int32_t item = int32_t(blockIdx.x); item < p.work_items; item += int32_t(gridDim.x))
+    visit(bwd_work<BlockM, BlockN, Varlen>(p, item));
+}
+
+// A cursor over the positions of a work item's walk: every query head of the kv head's group and, for each, the
+// query tiles [m_begin, m_end), in that order; under the rotated walk from the key block's start position
+// (RotatedWalk::start), wrapping from the group's last head to its first.
+struct TileWalk {
+  int32_t head = 0, m_block = 0, left = 0;
+  template <class Work>
+  __device__ __forceinline__ TileWalk(const BwdParams& p, const Work& work) {
+    const int32_t tiles = work.m_end - work.m_begin;
+    head = work.kv_head * p.group;
+    m_block = work.m_begin;
+    left = work.empty() ? 0 : tiles * p.group;
+    if (p.rotated_walk && left > 0) {
+      const int32_t s = RotatedWalk{work.n_blocks(p), left}.start(work.n_block);
+      head += s / tiles;
+      m_block += s % tiles;
+    }
+  }
+  __device__ __forceinline__ bool more() const { return left > 0; }
+  template <class Work>
+  __device__ __forceinline__ void next(const BwdParams& p, const Work& work) {
+    --left;
+    if (++m_block < work.m_end) return;
+    m_block = work.m_begin;
+    if (++head == (work.kv_head + 1) * p.group) head = work.kv_head * p.group;  // the rotated walk's wrap
+  }
+};
+
 // Deterministic mode: the key blocks that visit a query tile are consecutive (the row intervals move
 // monotonically with the key block), and they add their dQ slabs from the last of them down: a block's turn on
 // the tile is its distance from the last visitor. With causal masks the last visitor of a tile is the block on
@@ -136,8 +176,13 @@ __device__ __forceinline__ auto bwd_work(const BwdParams& p) {
 // With ws.chains = C > 1 the blocks form C chains (block n in chain n % C, adding into its own accumulator copy
 // with its own counters, summed in a fixed order by the postprocess): a block's turn counts only the visitors of
 // its chain after it, so the c-th CTA of a wave waits for c / C links before its first add, not c (perf-log B14).
+// The rotated walk (p.rotated_walk: nothing masked, one chain) has its own order: RotatedWalk::turn of the tile's
+// position (query head h's m_block) in the walk.
 template <int BlockM, int BlockN, class Work>
-__device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, const Work& work, int32_t m_block) {
+__device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, const Work& work, int32_t h, int32_t m_block) {
+  if (p.rotated_walk)
+    return RotatedWalk{work.n_blocks(p), p.group * p.m_tiles}.turn(work.n_block,
+                                                                   (h - work.kv_head * p.group) * p.m_tiles + m_block);
   const num::Mask& m = work.mask(p);
   const int32_t n_block = work.n_block, n_blocks = work.n_blocks(p);
   int32_t distance;  // from the last visitor of the tile
