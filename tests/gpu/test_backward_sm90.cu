@@ -512,7 +512,7 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
 // FA4_BWD_DET_ROTATED=1 (perf-log B29): the rotated walk on a persistent cooperative grid, every row: right and
 // bitwise repeatable, and the path the launch takes (asked of backward_paths with this GPU's SM count, so a shape
 // that fell back to the chains would fail here, not pass as the chains). Tails on both sides; grids with many work
-// items per CTA (a (batch, kv head) per round), under every deterministic switch; and 4096 keys (32 key blocks on
+// items per CTA (a (batch, kv head) per round), under every deterministic switch and FA4_BWD_PDL; and 4096 keys (32 key blocks on
 // 32 positions: every block starts on its own position).
 TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
   REQUIRE_SM90();
@@ -555,7 +555,7 @@ TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
   const std::pair<const char*, const char*> switches[] = {
       {"FA4_BWD_DET_HELPER", "0"},       {"FA4_BWD_DET_STORE_FIRST", "0"}, {"FA4_BWD_DET_REGISTER_ADDS", "0"},
       {"FA4_BWD_DET_REGISTER_ADDS", "1"}, {"FA4_BWD_DET_TWO_BUFFERS", "0"}, {"FA4_BWD_DET_SLAB_RELEASE", "0"},
-      {"FA4_BWD_DET_CHAINS", "4"}};
+      {"FA4_BWD_DET_CHAINS", "4"},       {"FA4_BWD_PDL", "1"}};
   for (int d : {64, 128, 256}) {
     BwdCase c;
     c.head_dim = d;
@@ -568,14 +568,14 @@ TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
       run(c, std::string("many items per CTA, ") + name + "=" + value);
     }
   }
-  for (const auto& [name, value] : switches) {  // the key-split rows' writers and register adds
+  for (const auto& [name, value] : switches) {  // the key-split writers (d = 64's default) and register adds
     if (std::string(name) == "FA4_BWD_DET_HELPER") continue;
     const EnvOverride override(name, value);
     BwdCase c;
-    c.head_dim = 128;
+    c.head_dim = 64;
     c.batch = 4, c.seqlen_q = 320, c.seqlen_k = 600, c.heads_q = 8, c.heads_kv = 4;
     c.seed = 7960;
-    run(c, std::string("d = 128, ") + name + "=" + value);
+    run(c, std::string("d = 64, ") + name + "=" + value);
   }
   BwdCase c;  // 4096 keys: 32 key blocks of 128 (d = 64) on 2 heads × 16 query tiles
   c.head_dim = 64;

@@ -5,7 +5,8 @@
 // the last key block that visits the tile down to the first (dq_turn_of); the adder waits until the tile's turn
 // counter (workspace dq_turn, one per query tile and warpgroup slab) reaches its key block's turn, adds, waits
 // until the adds are performed, and passes the turn on (FA3's semaphore scheme). Key blocks are launched from the
-// last one down, so a CTA only ever waits for CTAs launched before it.
+// last one down, so a CTA only ever waits for CTAs launched before it; the rotated walk waits for blocks launched
+// after it too, which its cooperative grid keeps resident (walk_order.hpp).
 #pragma once
 
 #include <cstdint>

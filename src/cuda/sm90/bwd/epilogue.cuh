@@ -62,14 +62,16 @@ __device__ __forceinline__ void stage_key_rows(uint8_t* tile, int tile_rows, int
 // through the CTA's K and V tiles (k_tile, v_tile: [chunks][tile_rows][128 B]) and TMA stores: every consumer
 // warpgroup first passes its last GEMM (they all read the whole tiles), then each writes its own rows and
 // chunks, and one thread stores them, waiting only until the stores have read shared memory (the global writes
-// finish after the CTA exits, under the next CTA's work). Rows past seqlen_k are clipped by the map. Varlen work
+// finish after the CTA exits or moves on, under the next work). Rows past seqlen_k are clipped by the map. Varlen work
 // stores per thread (a box would write past its sequence into the next one's rows).
 template <ptx::WgmmaInput In, int N, class Work>
 __device__ __forceinline__ void bwd_epilogue_role(const BwdParams& p, const Work& work, int64_t first_key, int col0,
                                                   const ptx::WgmmaAccumulator<N>& dk,
                                                   const ptx::WgmmaAccumulator<N>& dv, uint8_t* k_tile,
                                                   uint8_t* v_tile, int tile_rows, int consumer, int consumers) {
-  if (Work::kVarlen || !p.dkv_tma) {
+  // An empty item (no query sees its keys) stores its zeros per thread: its CTA holds no K/V stage, which the next
+  // item's load may be filling (a persistent grid).
+  if (Work::kVarlen || !p.dkv_tma || work.empty()) {
     const int64_t key_row0 = first_key + ptx::accumulator_row(threadIdx.x % kWarpgroupThreads, 0);
     store_key_rows<In, N>(p.dk, dk, p.scale, p, work, key_row0, col0);
     store_key_rows<In, N>(p.dv, dv, 1.0f, p, work, key_row0, col0);

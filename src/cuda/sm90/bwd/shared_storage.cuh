@@ -51,7 +51,7 @@ struct BwdSharedStorage {
   std::conditional_t<Config::kColumnSplit, PtBuffers<Config>, DqStaging<Config>> scratch;
   alignas(16) float lse_log2[Config::kStages][Config::kBlockM];
   alignas(16) float dsum[Config::kStages][Config::kBlockM];
-  cuda::PipelineBarriers<1> kv_ring;                 // load -> mma: K and V landed (used once)
+  cuda::PipelineBarriers<1> kv_ring;                 // load -> mma: K and V landed / free (once per work item)
   cuda::PipelineBarriers<Config::kStages> q_ring;    // load -> mma: Q, dO, LSE₂, D of a query tile landed / free
 };
 

@@ -1,8 +1,9 @@
-// Which work a backward CTA owns and which query tiles it visits. The grid is one CTA per (key block, kv head,
-// batch), key blocks fastest (the CTAs running together read the same Q/dO from L2): from the first up in the
-// default mode, so with a causal mask the longest walks start first and the grid's tail is short ones; from the
-// last down in deterministic mode (dq_turn_of). A CTA walks every query head of its kv head's group and, for
-// each, the query tiles [begin, end) that see at least one of its keys.
+// Which work a backward CTA owns and which query tiles it visits. A work item is one (key block, kv head, batch),
+// key blocks fastest (the CTAs running together read the same Q/dO from L2), and the grid one CTA per item, or
+// fewer CTAs looping over the items (a persistent grid): from the first key block up in the default mode, so with
+// a causal mask the longest walks start first and the grid's tail is short ones; from the last down in
+// deterministic mode (dq_turn_of). A CTA walks every query head of its kv head's group and, for each, the query
+// tiles [begin, end) that see at least one of its keys.
 #pragma once
 
 #include <cstdint>
