@@ -176,7 +176,7 @@ TEST(BackwardPaths, RotatedWalkWhereItApplies) {
 TEST(BwdRotatedWalk, TurnsFollowTheArrivalStepOnEveryPosition) {
   for (int32_t n = 1; n <= 40; ++n)
     for (int32_t positions = n; positions <= 40; ++positions) {
-      const fa4::sm90::RotatedWalk walk{n, positions};
+      const fa4::sm90::RotatedWalk walk{uint32_t(n), uint32_t(positions)};
       for (int32_t j = 1; j < n; ++j) ASSERT_LT(walk.start(j - 1), walk.start(j)) << n << " " << positions;
       for (int32_t t = 0; t < positions; ++t) {
         std::vector<int32_t> steps(n), seen(n, 0);
@@ -190,6 +190,18 @@ TEST(BwdRotatedWalk, TurnsFollowTheArrivalStepOnEveryPosition) {
         for (int32_t k = 0; k < n; ++k) ASSERT_EQ(seen[k], 1) << n << " " << positions << " " << t;
       }
     }
+  // The 32-bit arithmetic up to the host's limit (n · P < 2^31): starts and turns against 64-bit ones.
+  for (int64_t n : {int64_t{16}, int64_t{132}}) {
+    const int64_t positions = (fa4::sm90::RotatedWalk::kMaxProduct - 1) / n;
+    const fa4::sm90::RotatedWalk walk{uint32_t(n), uint32_t(positions)};
+    for (int64_t j : {int64_t{0}, int64_t{1}, n / 2, n - 1}) {
+      ASSERT_EQ(walk.start(int32_t(j)), j * positions / n) << n << " " << j;
+      for (int64_t t : {int64_t{0}, positions / 3, positions - 2, positions - 1}) {
+        const int64_t a = ((t + 1) * n + positions - 1) / positions;
+        ASSERT_EQ(walk.turn(int32_t(j), int32_t(t)), ((a - 1 - j) % n + n) % n) << n << " " << j << " " << t;
+      }
+    }
+  }
 }
 
 }  // namespace

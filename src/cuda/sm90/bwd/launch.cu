@@ -9,6 +9,7 @@
 
 #include "cuda/sm90/bwd/config.hpp"
 #include "cuda/sm90/bwd/kernel.hpp"
+#include "cuda/sm90/bwd/walk_order.hpp"
 #include "cuda/sm90/launch.hpp"
 #include "cuda/sm90/launch_common.hpp"
 #if FA4_TRACE
@@ -137,12 +138,13 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
 
 // Where the rotated walk can run: deterministic, nothing masked, a dense batch (every key block of a (batch, kv
 // head) visits every query tile), at most one key block per position of the walk (distinct starts), and the
-// (batch, kv head)'s key blocks resident at once (at most one per SM; sms < 0: not checked, for host-only tests).
+// (batch, kv head)'s key blocks resident at once (at most one per SM; sms < 0: not checked, for host-only tests),
+// and n · P small enough for the walk's 32-bit turn arithmetic.
 bool rotated_walk_applies(const BwdTile& tile, const detail::Problem& p, bool varlen, int64_t sms) {
   if (!p.deterministic || varlen || p.mask.masks_anything() || p.seqlen_q == 0 || p.seqlen_k == 0) return false;
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t positions = p.group() * ((p.seqlen_q + tile.block_m - 1) / tile.block_m);
-  return n_blocks <= positions && (sms < 0 || n_blocks <= sms);
+  return n_blocks <= positions && n_blocks * positions < RotatedWalk::kMaxProduct && (sms < 0 || n_blocks <= sms);
 }
 
 // The main kernel's paths from the overrides, the row and the problem (the one place they are derived).
