@@ -65,13 +65,14 @@ TEST(BackwardPaths, DefaultsPerRow) {
       EXPECT_EQ(b.det_turn_helpers, d > 128) << d << causal;
       EXPECT_FALSE(b.dq_register_adds) << d << causal;
       EXPECT_EQ(b.det_chains, d == 128 || causal ? 1 : 4) << d << causal;
-      EXPECT_FALSE(b.det_rotated_walk) << d << causal;  // an A/B switch (perf-log B29)
+      EXPECT_FALSE(b.det_rotated_walk) << d << causal;  // 16-32 key blocks on 4-8 positions: does not fit
     }
 }
 
 // Up to 1024 keys, at most two chains (perf-log B26); the masked rows and d = 128 keep one.
 TEST(BackwardPaths, ShortKeysCapTheDeterministicChains) {
   const EnvOverride unset("FA4_BWD_DET_CHAINS", nullptr);
+  const EnvOverride chains_not_rotated("FA4_BWD_DET_ROTATED", "0");  // short keys fit the rotated walk's positions
   for (int d : {64, 128, 192, 256})
     for (bool causal : {false, true}) {
       const int row_chains = d == 128 || causal ? 1 : 4;
@@ -144,10 +145,18 @@ TEST(BackwardPaths, SwitchesReachTheKernelWhereTheyApply) {
   }
 }
 
-// FA4_BWD_DET_ROTATED=1: deterministic calls without a mask whose key blocks fit on distinct walk positions
-// (n <= group · m_tiles) and on the SMs, with one chain; nowhere else.
+// The rotated walk (on by default, perf-log B29): deterministic calls without a mask whose key blocks fit on
+// distinct walk positions (n <= group · m_tiles) and on the SMs, with one chain; nowhere else.
 TEST(BackwardPaths, RotatedWalkWhereItApplies) {
   const EnvOverride chains("FA4_BWD_DET_CHAINS", nullptr);
+  {
+    const EnvOverride unset("FA4_BWD_DET_ROTATED", nullptr);
+    EXPECT_TRUE(paths(256, true, false, 1024, 1024).det_rotated_walk);  // the default
+    const EnvOverride off("FA4_BWD_DET_ROTATED", "0");
+    const auto b = paths(256, true, false, 1024, 1024);
+    EXPECT_FALSE(b.det_rotated_walk);
+    EXPECT_EQ(b.det_chains, 2);  // the row's chains, capped up to 1024 keys
+  }
   const EnvOverride on("FA4_BWD_DET_ROTATED", "1");
   // q [1, 1024, 4, d], k [1, 1024, 2, d]: group 2; d = 256 (64 × 64 tiles): 16 key blocks, 32 positions.
   for (int d : {64, 128, 192, 256}) {

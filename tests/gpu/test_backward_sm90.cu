@@ -776,13 +776,15 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
     EXPECT_FALSE(s.ok);
     EXPECT_NE(s.reason.find("FA4_BWD_CLUSTER"), std::string::npos) << s.reason;
   }
-  // and of the deterministic turn helpers, chains and slab release (checked on every call, as the pair's)
+  // and of the deterministic turn helpers, chains, rotated walk and slab release (checked on every call, as the
+  // pair's): a value no switch takes (the chain count takes 1 to 4 since B28)
   for (const char* name :
        {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST",
-        "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_DET_REGISTER_ADDS", "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
-    const EnvOverride bad(name, "3");
+        "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_DET_REGISTER_ADDS", "FA4_BWD_DET_ROTATED", "FA4_BWD_PDL",
+        "FA4_BWD_DQ_REGISTER_ADDS"}) {
+    const EnvOverride bad(name, "5");
     expect_error(fa4::Status::invalid_argument,
-                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'3'"});
+                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'5'"});
     EXPECT_FALSE(fa4::supports(fa4::Pass::backward, x, x, x).ok) << name;
   }
   fa4::Tensor x80 = x;  // a head dim without a CUDA kernel: refused, not sent to the CPU

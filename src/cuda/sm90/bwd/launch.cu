@@ -104,8 +104,9 @@ int det_chains(const char* call, const detail::Problem& p) {
 //     at d = 128 without causal or a window; perf-log B24): deterministic key-split rows without the CTA pair add
 //     each warpgroup's dQ slab from its registers in its turn (the column-split rows' turn helpers, always on
 //     there: FA4_BWD_DET_HELPER applies to the column-split rows), instead of staging it for the writers.
-//   FA4_BWD_DET_ROTATED (default 0; perf-log B29): deterministic calls without a mask take the rotated walk
-//     (walk_order.hpp) on a persistent cooperative grid, where it applies (rotated_walk_applies), with one chain.
+//   FA4_BWD_DET_ROTATED (default 1; perf-log B29, H200: deterministic / default 0.83-0.94 -> 0.91-1.02 at d = 64-256,
+//     1k-2k): deterministic calls without a mask take the rotated walk (walk_order.hpp) on a persistent cooperative
+//     grid, where it applies (rotated_walk_applies), with one chain; 0: the chains everywhere.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
 //     set-up overlap its tail).
@@ -128,7 +129,7 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
               env_switch(call, "FA4_BWD_DET_TWO_BUFFERS", true),
               env_switch(call, "FA4_BWD_DET_REGISTER_ADDS", det_register_adds),
               env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", tile.dq_register_adds),
-              env_switch(call, "FA4_BWD_DET_ROTATED", false)};
+              env_switch(call, "FA4_BWD_DET_ROTATED", true)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "

@@ -67,8 +67,8 @@ struct BwdParams {
   // (a multiple of n_block_slots: a CTA keeps its key block slot).
   int32_t work_items = 0;
   int32_t m_tiles = 0;  // query tiles of block_m per (batch, query head)
-  // Deterministic mode without a mask: the rotated walk (walk_order.hpp; FA4_BWD_DET_ROTATED, perf-log B29), on a
-  // persistent cooperative grid that holds every key block of a (batch, kv head) at once.
+  // Deterministic mode without a mask, where it fits: the rotated walk (walk_order.hpp; perf-log B29; off with
+  // FA4_BWD_DET_ROTATED=0), on a persistent cooperative grid that holds every key block of a (batch, kv head) at once.
   bool rotated_walk = false;
   bool cluster_pair = false;      // clusters of two CTAs on neighbouring key blocks (docs/sm90-backward.md)
   bool pair_dq_exchange = false;  // the pair sums its dQ slabs through DSMEM (else each CTA adds its own)
