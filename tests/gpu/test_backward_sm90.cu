@@ -582,6 +582,21 @@ TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
   c.batch = 1, c.seqlen_q = 2048, c.seqlen_k = 4096, c.heads_q = 2, c.heads_kv = 1;
   c.seed = 7990;
   run(c, "4096 keys");
+  // The workspace holds the walk's one accumulator copy (its chains' otherwise): q [2, 2048, 4, 256], 32 key
+  // blocks of 64 on 32 positions, 4 chains without the walk.
+  auto q = HostTensor::make(DType::bf16, {2, 2048, 4, 256});
+  q.fill_normal(1);
+  DeviceCopy t(q, size_t(q.numel()));
+  fa4::Options det;
+  det.deterministic = true;
+  auto bytes = [&](const char* rotated, const char* chains) {
+    const EnvOverride walk("FA4_BWD_DET_ROTATED", rotated), chain_count("FA4_BWD_DET_CHAINS", chains);
+    return fa4::workspace_size(fa4::Pass::backward, t.desc(), t.desc(), t.desc(), det);
+  };
+  const size_t accum = size_t(2) * 4 * 2048 * 256 * 4;  // one fp32 dQ copy
+  EXPECT_EQ(bytes("1", nullptr), bytes("0", "1"));
+  EXPECT_EQ(bytes("1", "4"), bytes("0", "1"));  // the count does not apply to the walk
+  EXPECT_GE(bytes("0", nullptr), bytes("1", nullptr) + 3 * accum);
 }
 
 // FA4_BWD_DET_STORE_FIRST=1: each chain's first adder stores its slab (nothing zeroed; the postprocess skips a copy

@@ -179,10 +179,21 @@ void set_sinks(const detail::Problem& p, BwdPrePostParams& pp) {
   pp.dsinks_stride = p.dsinks->stride[0];
 }
 
+// The device's SM count (the rotated walk's residency test), 0 where it cannot be read (then it never applies).
+int64_t device_sms(int index) { return device_attribute(index, cudaDevAttrMultiProcessorCount).value_or(0); }
+
 }  // namespace
 
+// The chains the launch will take (paths_of, the same SM count): the rotated walk's one where it applies, so its
+// callers do not allocate copies it never writes (3 × 134 MB at d = 256, 16k tokens × 2048 hidden).
 size_t backward_workspace_bytes(const detail::Problem& p) {
-  return layout_of(p, det_chains("fa4::workspace_size", p)).bytes;
+  const char* call = "fa4::workspace_size";
+  const int row = bwd_row(int(p.head_dim));
+  if (row < 0) return layout_of(p, det_chains(call, p)).bytes;
+  const BwdTile& tile = kBwdTiles[row];
+  return layout_of(p, paths_of(read_overrides(call, tile, p, p.varlen), tile, p, p.varlen, device_sms(p.device_index))
+                          .det_chains)
+      .bytes;
 }
 
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen) {
@@ -242,10 +253,9 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     }
     return;
   }
-  // The layout of the paths' chains; the caller's workspace was checked against the overrides' count
-  // (detail::check_workspace, from backward_workspace_bytes), which the rotated walk's one chain never exceeds.
-  const int64_t sms = device_attribute(q.device_index, cudaDevAttrMultiProcessorCount).value_or(0);
-  const BackwardPaths paths = paths_of(overrides, tile, p, vl != nullptr, sms);
+  // The layout of the paths' chains: the caller's workspace was checked against the same layout's size
+  // (detail::check_workspace, from backward_workspace_bytes, whose paths are these).
+  const BackwardPaths paths = paths_of(overrides, tile, p, vl != nullptr, device_sms(q.device_index));
   const BwdWorkspaceLayout layout = layout_of(p, paths.det_chains);
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   constexpr int64_t kMaxIndex = (int64_t{1} << 31) - 1;
