@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "cuda/ptx/cluster.cuh"
@@ -21,6 +22,7 @@
 #include "cuda/sm90/bwd/mma_wide.cuh"
 #include "cuda/sm90/bwd/shared_storage.cuh"
 #include "cuda/sm90/bwd/work.cuh"
+#include "cuda/sm90/launch_common.hpp"
 #include "cuda/sm90/tiles.cuh"
 
 namespace fa4::sm90 {
@@ -111,7 +113,9 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
 }
 
 // The rotated walk (p.rotated_walk) runs on a persistent cooperative grid: as many whole rounds of n_block_slots
-// CTAs (one (batch, kv head) each at a time) as are resident at once, at most one per work item group.
+// CTAs (one (batch, kv head) each at a time) as are resident at once, at most one per work item group. The
+// kernel's CTAs per SM are asked once per instance (a driver query; the same on every sm_90a device), the SM
+// count from the cached device attributes, so a call pays no query.
 template <DType Dtype, int HeadDim>
 cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream) {
   constexpr int kRow = bwd_row(HeadDim);
@@ -121,15 +125,19 @@ cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream
   constexpr uint32_t kSmem = bwd_smem_bytes<kRow>();
   uint32_t grid = uint32_t(p.work_items);
   if (p.rotated_walk) {
-    if (const cudaError_t e = opt_in_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem); e != cudaSuccess)
-      return e;
-    int device = 0, sms = 0, per_sm = 0;
+    static std::atomic<int> ctas_per_sm{0};  // per (dtype, head dim) instance; varlen never takes the walk
+    int per_sm = ctas_per_sm.load(std::memory_order_relaxed);
+    if (per_sm == 0) {
+      if (const cudaError_t e = opt_in_dynamic_smem(reinterpret_cast<const void*>(kernel), kSmem); e != cudaSuccess)
+        return e;
+      if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(kThreads), kSmem);
+          e != cudaSuccess)
+        return e;
+      ctas_per_sm.store(per_sm, std::memory_order_relaxed);
+    }
+    int device = 0;
     if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-    if (const cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device); e != cudaSuccess)
-      return e;
-    if (const cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, int(kThreads), kSmem);
-        e != cudaSuccess)
-      return e;
+    const int64_t sms = device_attribute(device, cudaDevAttrMultiProcessorCount).value_or(0);
     const int64_t rounds = int64_t(per_sm) * sms / p.n_block_slots;
     if (rounds == 0) return cudaErrorCooperativeLaunchTooLarge;  // the host's path choice rules this out
     grid = uint32_t(std::min<int64_t>(rounds * p.n_block_slots, p.work_items));
