@@ -134,8 +134,19 @@ __device__ __forceinline__ auto bwd_work(const BwdParams& p, int32_t item) {
 // role walks them in this order, so the CTAs of one round (blockIdx.x / n_block_slots) take the same (batch, kv
 // head) at the same time: what the rotated walk's turns need (gridDim.x is a multiple of n_block_slots).
 // Roles whose state carries from item to item (pipeline states, the dQ writers' turn) keep it outside `visit`.
+// FA4_AB_SINGLE_ITEM (a build define, off; perf-log B30): a grid of one CTA per item visits its item outside any
+// loop, so the roles' state need not live across a loop's back edge (one more copy of each role body).
+#ifndef FA4_AB_SINGLE_ITEM
+#define FA4_AB_SINGLE_ITEM 0
+#endif
 template <int BlockM, int BlockN, bool Varlen, class Visit>
 __device__ __forceinline__ void for_each_work_item(const BwdParams& p, Visit&& visit) {
+  if constexpr (FA4_AB_SINGLE_ITEM) {
+    if (int32_t(gridDim.x) == p.work_items) {
+      visit(bwd_work<BlockM, BlockN, Varlen>(p, int32_t(blockIdx.x)));
+      return;
+    }
+  }
 #pragma unroll 1
   for (int32_t item = int32_t(blockIdx.x); item < p.work_items; item += int32_t(gridDim.x))
     visit(bwd_work<BlockM, BlockN, Varlen>(p, item));
