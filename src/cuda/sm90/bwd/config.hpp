@@ -207,9 +207,11 @@ struct BwdConfig {
   static constexpr bool kColumnSplit = kTile.column_split;
   static constexpr int kConsumerWarpgroups = bwd_consumer_warpgroups(kTile);
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  // FA4_AB_BWD_REGS (a build define, off; perf-log B31): 40 / 232, so the producer warps' turn paths spill less.
-  static constexpr int kProducerRegisters = FA4_AB_BWD_REGS ? 40 : 24;  // the load warp and the dQ writer warp
-  static constexpr int kConsumerRegisters = FA4_AB_BWD_REGS ? 232 : 240;
+  // FA4_AB_BWD_REGS = D (a build define, 0 = off; perf-log B31): 40 / 232 for the rows of head dim >= D, so the
+  // producer warps' turn paths spill less (the d = 64 consumers spill more at 232: D = 128 leaves them at 240).
+  static constexpr bool kRegs40x232 = FA4_AB_BWD_REGS > 0 && kHeadDim >= FA4_AB_BWD_REGS;
+  static constexpr int kProducerRegisters = kRegs40x232 ? 40 : 24;  // the load warp and the dQ writer warp
+  static constexpr int kConsumerRegisters = kRegs40x232 ? 232 : 240;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;
 
   // dQ = dS·K: (block_m/64)·(head_dim/64) units of 64 × 64, split evenly over the warpgroups, each taking
