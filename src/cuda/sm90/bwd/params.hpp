@@ -64,12 +64,15 @@ struct BwdParams {
   int32_t n_block_slots = 0;
   // Work items: one per (key block slot, kv head, batch), item i as CTA i of a grid of n_block_slots · heads_kv ·
   // batch. A persistent grid (the rotated walk's) has fewer CTAs, each taking items blockIdx.x, + gridDim.x, ...
-  // (a multiple of n_block_slots: a CTA keeps its key block slot).
+  // (a multiple of walk_round_blocks, which divides n_block_slots: a CTA keeps its key block slot modulo a round).
   int32_t work_items = 0;
   int32_t m_tiles = 0;  // query tiles of block_m per (batch, query head)
   // Deterministic mode without a mask, where it fits: the rotated walk (walk_order.hpp; perf-log B29; off with
   // FA4_BWD_DET_ROTATED=0), on a persistent cooperative grid that holds every key block of a (batch, kv head) at once.
   bool rotated_walk = false;
+  // Its key blocks per round (walk_order.hpp, RotatedWalkInRounds): n_blocks, or a divisor of it where more key
+  // blocks than SMs take the walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS=1). The persistent grid is whole rounds.
+  int32_t walk_round_blocks = 0;
   bool cluster_pair = false;      // clusters of two CTAs on neighbouring key blocks (docs/sm90-backward.md)
   bool pair_dq_exchange = false;  // the pair sums its dQ slabs through DSMEM (else each CTA adds its own)
   num::Mask mask;

@@ -36,4 +36,23 @@ struct RotatedWalk {
   }
 };
 
+// The walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS, perf-log B32): more key blocks than run at once. The n blocks
+// of a (batch, kv head) run as n / m rounds of m blocks (m divides n), launched from the last block down, so round
+// r is blocks [n − (r + 1)·m, n − r·m). Within a round the blocks walk as RotatedWalk{m, P} (block j as j mod m,
+// which covers 0 … m − 1 once per round), and a round adds after every block of the rounds before it: turn =
+// r·m + the round's own turn. A round's blocks wait only for blocks of their own or earlier rounds, which ran
+// (or run) on the same CTAs before them, so no block waits for one that is not resident. m = n: RotatedWalk.
+struct RotatedWalkInRounds {
+  uint32_t n_blocks = 1;     // n
+  uint32_t round_blocks = 1; // m, a divisor of n
+  uint32_t positions = 1;    // P, at least m
+
+  FA4_HD RotatedWalk round_walk() const { return RotatedWalk{round_blocks, positions}; }
+  FA4_HD int32_t start(int32_t j) const { return round_walk().start(int32_t(uint32_t(j) % round_blocks)); }
+  FA4_HD int32_t turn(int32_t j, int32_t t) const {
+    const uint32_t round = (n_blocks - 1 - uint32_t(j)) / round_blocks;
+    return int32_t(round * round_blocks) + round_walk().turn(int32_t(uint32_t(j) % round_blocks), t);
+  }
+};
+
 }  // namespace fa4::sm90
