@@ -17,6 +17,7 @@
 #include "api/validate.hpp"
 #include "cpu/reference.hpp"
 #include "cuda/sm90/bwd/config.hpp"
+#include "cuda/sm90/bwd/kernel.hpp"
 #include "cuda/sm90/launch.hpp"
 #include "fa4/fa4.hpp"
 #include "gpu_test_util.hpp"
@@ -604,6 +605,8 @@ TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
 // and as many rounds as blocks; and with many items per CTA.
 TEST(GpuBackwardSm90, DeterministicRotatedWalkInRoundsIsRightAndRepeatable) {
   REQUIRE_SM90();
+  if (!fa4::sm90::bwd_walk_rounds_built())
+    GTEST_SKIP() << "the backward kernels were compiled without -DFA4_AB_BWD_WALK_ROUNDS=1 (perf-log B32)";
   int device = 0, sms = 0;
   ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
@@ -851,6 +854,12 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'5'"});
     EXPECT_FALSE(fa4::supports(fa4::Pass::backward, x, x, x).ok) << name;
+  }
+  if (!fa4::sm90::bwd_walk_rounds_built()) {  // kernels that walk in one round: the rounds refused by name
+    const EnvOverride rounds("FA4_BWD_DET_ROTATED_ROUNDS", "1");
+    expect_error(fa4::Status::invalid_argument,
+                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
+                 {"FA4_BWD_DET_ROTATED_ROUNDS", "FA4_AB_BWD_WALK_ROUNDS"});
   }
   {
     const EnvOverride bad("FA4_BWD_DET_ROTATED_ROUND_CAP", "0");  // a count of key blocks, at least 1

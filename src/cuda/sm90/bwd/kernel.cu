@@ -157,6 +157,8 @@ cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream
   FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
                                   return launch_instance<DType::dtype, head_dim>(p, varlen, stream);))
 
+bool bwd_walk_rounds_built() { return FA4_AB_BWD_WALK_ROUNDS != 0; }
+
 cudaError_t launch_bwd_kernel(DType p_dtype, int p_head_dim, const BwdParams& p, bool varlen, cudaStream_t stream) {
 #include "cuda/instances.def"
   return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch

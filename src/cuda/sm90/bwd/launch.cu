@@ -140,6 +140,16 @@ int64_t rotated_round_cap(const char* call) {
                                               "blocks from 1 to 999999, got '" + value + "'");
   return std::stoll(value);
 }
+
+// FA4_BWD_DET_ROTATED_ROUNDS=1 needs kernels built with -DFA4_AB_BWD_WALK_ROUNDS=1 (kernel.cu says whether they
+// were): elsewhere they walk in one round, so the call is refused by name rather than run wrong.
+void check_walk_rounds_built(const char* call, const Overrides& o) {
+  if (o.rotated_rounds && !bwd_walk_rounds_built())
+    throw Error(Status::invalid_argument,
+                std::string(call) + ": environment FA4_BWD_DET_ROTATED_ROUNDS: expected 0 or unset in a build whose "
+                                    "backward kernels were compiled without -DFA4_AB_BWD_WALK_ROUNDS=1 (perf-log B32), "
+                                    "got '" + std::getenv("FA4_BWD_DET_ROTATED_ROUNDS") + "'");
+}
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
   const bool det_register_adds = tile.det_register_adds_unmasked && !p.mask.masks_anything();
   Overrides o{pair_mode(call, tile, p), env_switch(call, "FA4_BWD_DET_HELPER", true), det_chains(call, p),
@@ -231,7 +241,7 @@ size_t backward_workspace_bytes(const detail::Problem& p) {
 
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen) {
   const int row = bwd_row(int(p.head_dim));
-  if (row >= 0) read_overrides(call, kBwdTiles[row], p, varlen);
+  if (row >= 0) check_walk_rounds_built(call, read_overrides(call, kBwdTiles[row], p, varlen));
 }
 
 BackwardPaths backward_paths(const detail::Problem& p, bool varlen, int64_t sms) {
@@ -256,6 +266,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   const BwdTile& tile = kBwdTiles[row];
   // Before any work: a bad override leaves nothing behind.
   const Overrides overrides = read_overrides(call, tile, p, vl != nullptr);
+  check_walk_rounds_built(call, overrides);
   const PairMode pair = overrides.pair;
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
   // A variable-length batch's rows that no sequence covers (and keys past seqused_k) get zero gradients, as on

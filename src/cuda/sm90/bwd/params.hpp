@@ -70,9 +70,6 @@ struct BwdParams {
   // Deterministic mode without a mask, where it fits: the rotated walk (walk_order.hpp; perf-log B29; off with
   // FA4_BWD_DET_ROTATED=0), on a persistent cooperative grid that holds every key block of a (batch, kv head) at once.
   bool rotated_walk = false;
-  // Its key blocks per round (walk_order.hpp, RotatedWalkInRounds): n_blocks, or a divisor of it where more key
-  // blocks than SMs take the walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS=1). The persistent grid is whole rounds.
-  int32_t walk_round_blocks = 0;
   bool cluster_pair = false;      // clusters of two CTAs on neighbouring key blocks (docs/sm90-backward.md)
   bool pair_dq_exchange = false;  // the pair sums its dQ slabs through DSMEM (else each CTA adds its own)
   num::Mask mask;
@@ -114,6 +111,11 @@ struct BwdParams {
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;
   CUtensorMap q_map16, q_map1, dout_map16, dout_map1, k_map16, k_map1, v_map16, v_map1;  // boxes {64, 16 | 1, 1, 1}
+  // The rotated walk's key blocks per round (walk_order.hpp, RotatedWalkInRounds): n_blocks, or a divisor of it
+  // where more key blocks than SMs take the walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS=1, perf-log B32). The
+  // persistent grid is whole rounds. Last, so the fields before it keep the offsets of the kernels measured before
+  // it (their SASS unchanged where the walk's rounds are not built).
+  int32_t walk_round_blocks = 0;
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif

@@ -12,6 +12,12 @@
 
 #include "numerics/host_device.hpp"
 
+// The kernels' side of the walk in rounds (RotatedWalkInRounds below) is an A/B build define until measured
+// (perf-log B32): without it they take RotatedWalk, B29's code, and the launch refuses FA4_BWD_DET_ROTATED_ROUNDS.
+#ifndef FA4_AB_BWD_WALK_ROUNDS
+#define FA4_AB_BWD_WALK_ROUNDS 0
+#endif
+
 namespace fa4::sm90 {
 
 // 32-bit arithmetic (the turn is computed per tile in the producer warps' 24 registers, where a 64-bit division

@@ -165,9 +165,13 @@ struct TileWalk {
     m_block = work.m_begin;
     left = work.empty() ? 0 : tiles * p.group;
     if (p.rotated_walk && left > 0) {
+#if FA4_AB_BWD_WALK_ROUNDS
       const int32_t s =
           RotatedWalkInRounds{uint32_t(work.n_blocks(p)), uint32_t(p.walk_round_blocks), uint32_t(left)}.start(
               work.n_block);
+#else
+      const int32_t s = RotatedWalk{uint32_t(work.n_blocks(p)), uint32_t(left)}.start(work.n_block);
+#endif
       head += s / tiles;
       m_block += s % tiles;
     }
@@ -196,9 +200,14 @@ struct TileWalk {
 template <int BlockM, int BlockN, class Work>
 __device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, const Work& work, int32_t h, int32_t m_block) {
   if (p.rotated_walk)
+#if FA4_AB_BWD_WALK_ROUNDS
     return RotatedWalkInRounds{uint32_t(work.n_blocks(p)), uint32_t(p.walk_round_blocks),
                                uint32_t(p.group * p.m_tiles)}.turn(
         work.n_block, (h - work.kv_head * p.group) * p.m_tiles + m_block);
+#else
+    return RotatedWalk{uint32_t(work.n_blocks(p)), uint32_t(p.group * p.m_tiles)}.turn(
+        work.n_block, (h - work.kv_head * p.group) * p.m_tiles + m_block);
+#endif
   const num::Mask& m = work.mask(p);
   const int32_t n_block = work.n_block, n_blocks = work.n_blocks(p);
   int32_t distance;  // from the last visitor of the tile
