@@ -107,8 +107,9 @@ int det_chains(const char* call, const detail::Problem& p) {
 //   FA4_BWD_DET_ROTATED (default 1; perf-log B29, H200: deterministic / default 0.83-0.94 -> 0.91-1.02 at d = 64-256,
 //     1k-2k): deterministic calls without a mask take the rotated walk (walk_order.hpp) on a persistent cooperative
 //     grid, where it applies (rotated_walk_round), with one chain; 0: the chains everywhere.
-//   FA4_BWD_DET_ROTATED_ROUNDS (default 0; perf-log B32, not measured yet): with 1, a (batch, kv head) with more key
-//     blocks than SMs takes the rotated walk in rounds (walk_order.hpp, RotatedWalkInRounds) instead of the chains;
+//   FA4_BWD_DET_ROTATED_ROUNDS (default 0; perf-log B32, not measured yet; kernels built with
+//     -DFA4_AB_BWD_WALK_ROUNDS=1, else refused): with 1, a (batch, kv head) with more key blocks than SMs takes the
+//     rotated walk in rounds (walk_order.hpp, RotatedWalkInRounds) instead of the chains;
 //     FA4_BWD_DET_ROTATED_ROUND_CAP=N (tests) caps the blocks per round below the SM count.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
