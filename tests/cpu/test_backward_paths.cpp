@@ -13,6 +13,7 @@
 #include "testing/env.hpp"
 
 #if FA4_WITH_SM90
+#include "cuda/sm90/bwd/kernel.hpp"
 #include "cuda/sm90/bwd/walk_order.hpp"
 #include "cuda/sm90/launch.hpp"
 
@@ -213,6 +214,14 @@ TEST(BackwardPaths, RotatedWalkInRoundsWhereItApplies) {
     const EnvOverride cap("FA4_BWD_DET_ROTATED_ROUND_CAP", bad);
     EXPECT_THROW(fa4::sm90::backward_paths(p, false, 132), fa4::Error) << bad;
   }
+  // Refused by name on every call where it cannot act: the cap without the rounds, and the rounds where the
+  // kernels were built without them (the default build).
+  {
+    const EnvOverride off("FA4_BWD_DET_ROTATED_ROUNDS", "0"), cap("FA4_BWD_DET_ROTATED_ROUND_CAP", "5");
+    EXPECT_THROW(fa4::sm90::check_backward_overrides("test", p, false), fa4::Error);
+  }
+  if (!fa4::sm90::bwd_walk_rounds_built()) EXPECT_THROW(fa4::sm90::check_backward_overrides("test", p, false), fa4::Error);
+  else EXPECT_NO_THROW(fa4::sm90::check_backward_overrides("test", p, false));
 }
 
 // The walk in rounds (RotatedWalkInRounds) against the arrival steps: round r (blocks launched from the last

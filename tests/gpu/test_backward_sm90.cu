@@ -604,8 +604,9 @@ TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
 }
 
 // The rotated walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS=1, perf-log B32), forced at small shapes by
-// FA4_BWD_DET_ROTATED_ROUND_CAP: right against the reference and bitwise repeatable, with one round, two or three,
-// and as many rounds as blocks; and with many items per CTA.
+// FA4_BWD_DET_ROTATED_ROUND_CAP, which caps the grid too (whole rounds), so each CTA runs several rounds of one
+// (batch, kv head) as on a GPU with fewer SMs than key blocks: right against the reference and bitwise repeatable,
+// with one round, two or three, and as many rounds as blocks; and with many items per CTA.
 TEST(GpuBackwardSm90, DeterministicRotatedWalkInRoundsIsRightAndRepeatable) {
   REQUIRE_SM90();
   if (!fa4::sm90::bwd_walk_rounds_built())

@@ -141,7 +141,10 @@ cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream
     const int64_t sms = device_attribute(device, cudaDevAttrMultiProcessorCount).value_or(0);
     const int64_t rounds = int64_t(per_sm) * sms / p.walk_round_blocks;
     if (rounds == 0) return cudaErrorCooperativeLaunchTooLarge;  // the host's path choice rules this out
-    grid = uint32_t(std::min<int64_t>(rounds * p.walk_round_blocks, p.work_items));
+    int64_t ctas = rounds * p.walk_round_blocks;
+    if (p.walk_max_ctas > 0)
+      ctas = std::min<int64_t>(ctas, std::max(1, p.walk_max_ctas / p.walk_round_blocks) * p.walk_round_blocks);
+    grid = uint32_t(std::min<int64_t>(ctas, p.work_items));
   }
   return launch_with_dynamic_smem(kernel, grid, kThreads, kSmem, stream, p, !varlen && p.cluster_pair ? 2u : 1u,
                                   p.programmatic, p.rotated_walk);

@@ -110,7 +110,8 @@ int det_chains(const char* call, const detail::Problem& p) {
 //   FA4_BWD_DET_ROTATED_ROUNDS (default 0; perf-log B32, not measured yet; kernels built with
 //     -DFA4_AB_BWD_WALK_ROUNDS=1, else refused): with 1, a (batch, kv head) with more key blocks than SMs takes the
 //     rotated walk in rounds (walk_order.hpp, RotatedWalkInRounds) instead of the chains;
-//     FA4_BWD_DET_ROTATED_ROUND_CAP=N (tests) caps the blocks per round below the SM count.
+//     FA4_BWD_DET_ROTATED_ROUND_CAP=N (tests; with ROUNDS=1 only) caps the blocks per round below the SM count, and
+//     the grid at N CTAs (whole rounds), as on a GPU with fewer SMs than key blocks.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
 //     set-up overlap its tail).
@@ -145,6 +146,11 @@ int64_t rotated_round_cap(const char* call) {
 // FA4_BWD_DET_ROTATED_ROUNDS=1 needs kernels built with -DFA4_AB_BWD_WALK_ROUNDS=1 (kernel.cu says whether they
 // were): elsewhere they walk in one round, so the call is refused by name rather than run wrong.
 void check_walk_rounds_built(const char* call, const Overrides& o) {
+  if (o.rotated_round_cap > 0 && !o.rotated_rounds)
+    throw Error(Status::invalid_argument,
+                std::string(call) + ": environment FA4_BWD_DET_ROTATED_ROUND_CAP: expected unset without "
+                                    "FA4_BWD_DET_ROTATED_ROUNDS=1 (it caps the walk's rounds), got '" +
+                    std::getenv("FA4_BWD_DET_ROTATED_ROUND_CAP") + "'");
   if (o.rotated_rounds && !bwd_walk_rounds_built())
     throw Error(Status::invalid_argument,
                 std::string(call) + ": environment FA4_BWD_DET_ROTATED_ROUNDS: expected 0 or unset in a build whose "
@@ -179,7 +185,7 @@ int64_t rotated_walk_round(const BwdTile& tile, const detail::Problem& p, bool v
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t positions = p.group() * ((p.seqlen_q + tile.block_m - 1) / tile.block_m);
   int64_t fits = sms < 0 ? n_blocks : sms;
-  if (cap > 0) fits = std::min(fits, cap);
+  if (cap > 0 && rounds) fits = std::min(fits, cap);
   int64_t round = n_blocks <= fits ? n_blocks : 0;
   if (round == 0 && rounds)
     for (int64_t m = fits; m >= 1 && 2 * m > fits; --m)
@@ -421,6 +427,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.m_tiles = int32_t(layout.rows_padded / tile.block_m);
     params.rotated_walk = paths.det_rotated_walk;
     params.walk_round_blocks = int32_t(paths.det_rotated_round);
+    params.walk_max_ctas = overrides.rotated_rounds ? int32_t(overrides.rotated_round_cap) : 0;
     params.mask = p.mask;
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;

@@ -116,6 +116,9 @@ struct BwdParams {
   // persistent grid is whole rounds. Last, so the fields before it keep the offsets of the kernels measured before
   // it (their SASS unchanged where the walk's rounds are not built).
   int32_t walk_round_blocks = 0;
+  // > 0 (FA4_BWD_DET_ROTATED_ROUND_CAP, tests): the walk's grid holds at most this many CTAs (whole rounds, at
+  // least one), so a CTA runs several rounds of one (batch, kv head) as on a GPU with fewer SMs than key blocks.
+  int32_t walk_max_ctas = 0;
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif
