@@ -342,8 +342,8 @@ def workspace_size(pass_, q, k, v, options):
     """The workspace bytes the pass asks for. The library's answer is a function of the pass, the tensors' dtype,
     device, shape and strides, the options (never of the data pointers, which the packed descriptors carry
     in their first 8 bytes) and, for the backward, the FA4_BWD_DET_CHAINS and FA4_BWD_DET_ROTATED(_ROUNDS,
-    _ROUND_CAP) A/B overrides (the deterministic accumulator copies), so it is remembered per such key: a ctypes round trip was a quarter of
-    the Python side of a decode call (issue 12's host cost)."""
+    _ROUND_CAP) A/B overrides (the deterministic accumulator copies), so it is remembered per such key: a ctypes
+    round trip was a quarter of the Python side of a decode call (issue 12's host cost)."""
     environ = os.environ
     overrides = (environ.get("FA4_BWD_DET_CHAINS"), environ.get("FA4_BWD_DET_ROTATED"),
                  environ.get("FA4_BWD_DET_ROTATED_ROUNDS"), environ.get("FA4_BWD_DET_ROTATED_ROUND_CAP")) \

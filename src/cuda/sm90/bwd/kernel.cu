@@ -114,9 +114,8 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
 
 // The rotated walk (p.rotated_walk) runs on a persistent cooperative grid: as many whole rounds of
 // walk_round_blocks CTAs (a (batch, kv head)'s key blocks, or a round of them, each at a time) as are resident at
-// once, at most one per work item. The
-// kernel's CTAs per SM are asked once per instance (a driver query; the same on every sm_90a device), the SM
-// count from the cached device attributes, so a call pays no query.
+// once, at most one per work item. The kernel's CTAs per SM are asked once per instance (a driver query; the same
+// on every sm_90a device), the SM count from the cached device attributes, so a call pays no query.
 template <DType Dtype, int HeadDim>
 cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream) {
   constexpr int kRow = bwd_row(HeadDim);

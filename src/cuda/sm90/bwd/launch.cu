@@ -146,11 +146,6 @@ int64_t rotated_round_cap(const char* call) {
 // FA4_BWD_DET_ROTATED_ROUNDS=1 needs kernels built with -DFA4_AB_BWD_WALK_ROUNDS=1 (kernel.cu says whether they
 // were): elsewhere they walk in one round, so the call is refused by name rather than run wrong.
 void check_walk_rounds_built(const char* call, const Overrides& o) {
-  if (o.rotated_round_cap > 0 && !o.rotated_rounds)
-    throw Error(Status::invalid_argument,
-                std::string(call) + ": environment FA4_BWD_DET_ROTATED_ROUND_CAP: expected unset without "
-                                    "FA4_BWD_DET_ROTATED_ROUNDS=1 (it caps the walk's rounds), got '" +
-                    std::getenv("FA4_BWD_DET_ROTATED_ROUND_CAP") + "'");
   if (o.rotated_rounds && !bwd_walk_rounds_built())
     throw Error(Status::invalid_argument,
                 std::string(call) + ": environment FA4_BWD_DET_ROTATED_ROUNDS: expected 0 or unset in a build whose "
@@ -166,6 +161,11 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
               env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", tile.dq_register_adds),
               env_switch(call, "FA4_BWD_DET_ROTATED", true), env_switch(call, "FA4_BWD_DET_ROTATED_ROUNDS", false),
               rotated_round_cap(call)};
+  if (o.rotated_round_cap > 0 && !o.rotated_rounds)
+    throw Error(Status::invalid_argument,
+                std::string(call) + ": environment FA4_BWD_DET_ROTATED_ROUND_CAP: expected unset without "
+                                    "FA4_BWD_DET_ROTATED_ROUNDS=1 (it caps the walk's rounds), got '" +
+                    std::getenv("FA4_BWD_DET_ROTATED_ROUND_CAP") + "'");
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
@@ -185,7 +185,7 @@ int64_t rotated_walk_round(const BwdTile& tile, const detail::Problem& p, bool v
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t positions = p.group() * ((p.seqlen_q + tile.block_m - 1) / tile.block_m);
   int64_t fits = sms < 0 ? n_blocks : sms;
-  if (cap > 0 && rounds) fits = std::min(fits, cap);
+  if (cap > 0) fits = std::min(fits, cap);  // set only with the rounds (read_overrides)
   int64_t round = n_blocks <= fits ? n_blocks : 0;
   if (round == 0 && rounds)
     for (int64_t m = fits; m >= 1 && 2 * m > fits; --m)
@@ -427,7 +427,7 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.m_tiles = int32_t(layout.rows_padded / tile.block_m);
     params.rotated_walk = paths.det_rotated_walk;
     params.walk_round_blocks = int32_t(paths.det_rotated_round);
-    params.walk_max_ctas = overrides.rotated_rounds ? int32_t(overrides.rotated_round_cap) : 0;
+    params.walk_max_ctas = int32_t(overrides.rotated_round_cap);
     params.mask = p.mask;
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;
