@@ -42,13 +42,6 @@
 #define FA4_AB_D256_NO_TURNS 0
 #endif
 
-// A/B candidate (F40, off by default): the keys per K/V tile of the d = 128 prefill row (128: the table's value;
-// FlashAttention-3 runs 176 for non-causal d = 128, its O staged in Q's rows where 2 · 2 stages of 44 KiB leave no
-// room for a tile of its own).
-#ifndef FA4_AB_D128_BLOCK_N
-#define FA4_AB_D128_BLOCK_N 128
-#endif
-
 // F32 (the default since the thirteenth session; 0 in a build's CUDA flags turns it off): a paged call's V tiles
 // issued by a second warp of the producer warpgroup (v_load_role in load.cuh), which follows the published tile
 // slots, so one thread no longer issues every K and V box of a step in series (perf-log F32: 64-row pages 0.80-0.86
@@ -73,7 +66,7 @@ inline constexpr FwdTile kFwdTiles[] = {
     // reloads two spilled words (perf-log F18).
     {64, 192, 128, 3, 0},
     {128, 64, 128, 3, 64},
-    {128, 128, FA4_AB_D128_BLOCK_N, 2, 0},
+    {128, 128, 128, 2, 0},
     {192, 128, 96, 2, 0},
     {256, 128, 64, 2, 0},
 };
