@@ -346,7 +346,7 @@ def workspace_size(pass_, q, k, v, options):
     round trip was a quarter of the Python side of a decode call (issue 12's host cost)."""
     environ = os.environ
     overrides = (environ.get("FA4_BWD_DET_CHAINS"), environ.get("FA4_BWD_DET_ROTATED"),
-                 environ.get("FA4_BWD_DET_ROTATED_ROUNDS"), environ.get("FA4_BWD_DET_ROTATED_ROUND_CAP")) \
+                 ) \
         if pass_ == BACKWARD else None
     key = (pass_, q[8:], k[8:], v[8:], bytes(options), overrides)
     size = _WORKSPACE_CACHE.get(key)

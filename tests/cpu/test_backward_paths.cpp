@@ -13,7 +13,6 @@
 #include "testing/env.hpp"
 
 #if FA4_WITH_SM90
-#include "cuda/sm90/bwd/kernel.hpp"
 #include "cuda/sm90/bwd/walk_order.hpp"
 #include "cuda/sm90/launch.hpp"
 
@@ -42,8 +41,7 @@ TEST(BackwardPaths, DefaultsPerRow) {
   std::vector<std::unique_ptr<EnvOverride>> unset;  // the defaults, whatever the caller's environment
   for (const char* name : {"FA4_BWD_CLUSTER", "FA4_BWD_DQ_REGISTER_ADDS", "FA4_BWD_DET_REGISTER_ADDS",
                            "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_HELPER",
-                           "FA4_BWD_DET_STORE_FIRST", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_ROTATED",
-                           "FA4_BWD_DET_ROTATED_ROUNDS", "FA4_BWD_DET_ROTATED_ROUND_CAP"})
+                           "FA4_BWD_DET_STORE_FIRST", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_ROTATED"})
     unset.push_back(std::make_unique<EnvOverride>(name, nullptr));
   // Default mode: register adds at d = 128 only (perf-log B20); nothing deterministic.
   for (int d : {64, 128, 192, 256}) {
@@ -180,79 +178,6 @@ TEST(BackwardPaths, RotatedWalkWhereItApplies) {
   }
   const EnvOverride bad("FA4_BWD_DET_ROTATED", "2");
   EXPECT_THROW(paths(256, true, false, 1024, 1024), fa4::Error);
-}
-
-// The walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS, perf-log B32): off by default; on, more key blocks than SMs walk
-// in rounds of the largest divisor that fits (and keeps more than half of what fits busy), else the chains.
-TEST(BackwardPaths, RotatedWalkInRoundsWhereItApplies) {
-  const EnvOverride chains("FA4_BWD_DET_CHAINS", nullptr), rotated("FA4_BWD_DET_ROTATED", nullptr);
-  const EnvOverride cap_unset("FA4_BWD_DET_ROTATED_ROUND_CAP", nullptr);
-  // d = 256 (64 × 64 tiles), 2048 keys: 32 key blocks; 1024 queries, group 2: 32 positions.
-  const auto p = problem(256, true, false, 2048, 1024);
-  {
-    const EnvOverride unset("FA4_BWD_DET_ROTATED_ROUNDS", nullptr);
-    EXPECT_EQ(fa4::sm90::backward_paths(p, false, /*sms=*/32).det_rotated_round, 32);
-    EXPECT_FALSE(fa4::sm90::backward_paths(p, false, /*sms=*/31).det_rotated_walk);  // the chains, as before B32
-  }
-  const EnvOverride on("FA4_BWD_DET_ROTATED_ROUNDS", "1");
-  EXPECT_EQ(fa4::sm90::backward_paths(p, false, 32).det_rotated_round, 32);  // all fit: one round
-  for (const auto& [sms, round] : std::vector<std::pair<int64_t, int64_t>>{{31, 16}, {20, 16}, {16, 16}, {15, 8}, {9, 8}}) {
-    const auto b = fa4::sm90::backward_paths(p, false, sms);
-    EXPECT_TRUE(b.det_rotated_walk) << sms;
-    EXPECT_EQ(b.det_rotated_round, round) << sms;
-    EXPECT_EQ(b.det_chains, 1) << sms;
-  }
-  // 31 key blocks (1984 keys; prime): no divisor keeps half of 20 SMs busy.
-  EXPECT_FALSE(fa4::sm90::backward_paths(problem(256, true, false, 1984, 1024), false, 20).det_rotated_walk);
-  EXPECT_FALSE(fa4::sm90::backward_paths(problem(256, true, true, 2048, 1024), false, 20).det_rotated_walk);  // causal
-  {
-    const EnvOverride cap("FA4_BWD_DET_ROTATED_ROUND_CAP", "5");  // rounds of 4 (of 32 blocks), whatever the SMs
-    EXPECT_EQ(fa4::sm90::backward_paths(p, false, 132).det_rotated_round, 4);
-    EXPECT_EQ(fa4::sm90::backward_paths(p, false, -1).det_rotated_round, 4);
-  }
-  for (const char* bad : {"0", "-3", "x", "1234567"}) {
-    const EnvOverride cap("FA4_BWD_DET_ROTATED_ROUND_CAP", bad);
-    EXPECT_THROW(fa4::sm90::backward_paths(p, false, 132), fa4::Error) << bad;
-  }
-  // Refused by name on every call where it cannot act: the cap without the rounds, and the rounds where the
-  // kernels were built without them (the default build).
-  {
-    const EnvOverride off("FA4_BWD_DET_ROTATED_ROUNDS", "0"), cap("FA4_BWD_DET_ROTATED_ROUND_CAP", "5");
-    EXPECT_THROW(fa4::sm90::check_backward_overrides("test", p, false), fa4::Error);
-  }
-  if (!fa4::sm90::bwd_walk_rounds_built()) EXPECT_THROW(fa4::sm90::check_backward_overrides("test", p, false), fa4::Error);
-  else EXPECT_NO_THROW(fa4::sm90::check_backward_overrides("test", p, false));
-}
-
-// The walk in rounds (RotatedWalkInRounds) against the arrival steps: round r (blocks launched from the last
-// down) starts when the round before it ends, P steps later; on every position the blocks are ordered by arrival,
-// every turn is taken once, and a block's predecessor is of its own round or an earlier one.
-TEST(BwdRotatedWalk, RoundsFollowTheArrivalStepOnEveryPosition) {
-  for (int32_t n = 1; n <= 24; ++n)
-    for (int32_t m = 1; m <= n; ++m) {
-      if (n % m != 0) continue;
-      for (int32_t positions = m; positions <= 24; ++positions) {
-        const fa4::sm90::RotatedWalkInRounds walk{uint32_t(n), uint32_t(m), uint32_t(positions)};
-        for (int32_t t = 0; t < positions; ++t) {
-          std::vector<int64_t> steps(n);
-          std::vector<int32_t> seen(n, 0);
-          for (int32_t j = 0; j < n; ++j) {
-            const int32_t round = (n - 1 - j) / m;
-            steps[j] = int64_t(round) * positions + ((t - walk.start(j)) % positions + positions) % positions;
-          }
-          for (int32_t j = 0; j < n; ++j) {
-            const int32_t earlier = int32_t(std::count_if(steps.begin(), steps.end(), [&](int64_t s) { return s < steps[j]; }));
-            ASSERT_EQ(walk.turn(j, t), earlier) << "n " << n << " m " << m << " P " << positions << " t " << t << " j " << j;
-            ++seen[walk.turn(j, t)];
-          }
-          for (int32_t k = 0; k < n; ++k) ASSERT_EQ(seen[k], 1) << n << " " << m << " " << positions << " " << t;
-        }
-        if (m == n)  // one round: the walk of B29
-          for (int32_t j = 0; j < n; ++j)
-            for (int32_t t = 0; t < positions; ++t)
-              ASSERT_EQ(walk.turn(j, t), (fa4::sm90::RotatedWalk{uint32_t(n), uint32_t(positions)}.turn(j, t)));
-      }
-    }
 }
 
 // The rotated walk's turns (walk_order.hpp) against the arrival steps they stand for: on every position, the

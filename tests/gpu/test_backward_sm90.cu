@@ -17,7 +17,6 @@
 #include "api/validate.hpp"
 #include "cpu/reference.hpp"
 #include "cuda/sm90/bwd/config.hpp"
-#include "cuda/sm90/bwd/kernel.hpp"
 #include "cuda/sm90/launch.hpp"
 #include "fa4/fa4.hpp"
 #include "gpu_test_util.hpp"
@@ -603,47 +602,6 @@ TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
   EXPECT_GE(bytes("0", nullptr), bytes("1", nullptr) + 3 * accum);
 }
 
-// The rotated walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS=1, perf-log B32), forced at small shapes by
-// FA4_BWD_DET_ROTATED_ROUND_CAP, which caps the grid too (whole rounds), so each CTA runs several rounds of one
-// (batch, kv head) as on a GPU with fewer SMs than key blocks: right against the reference and bitwise repeatable,
-// with one round, two or three, and as many rounds as blocks; and with many items per CTA.
-TEST(GpuBackwardSm90, DeterministicRotatedWalkInRoundsIsRightAndRepeatable) {
-  REQUIRE_SM90();
-  if (!fa4::sm90::bwd_walk_rounds_built())
-    GTEST_SKIP() << "the backward kernels were compiled without -DFA4_AB_BWD_WALK_ROUNDS=1 (perf-log B32)";
-  const EnvOverride rotated("FA4_BWD_DET_ROTATED", "1"), rounds("FA4_BWD_DET_ROTATED_ROUNDS", "1");
-  auto round_of = [&](const BwdCase& c) { return paths_on_this_device(c).det_rotated_round; };
-  auto run = [&](BwdCase c, const char* cap, int64_t expected_round) {
-    const EnvOverride round_cap("FA4_BWD_DET_ROTATED_ROUND_CAP", cap);
-    const std::string what = c.name() + " cap " + (cap ? cap : "none");
-    SCOPED_TRACE(what);
-    c.options.deterministic = true;
-    ASSERT_EQ(round_of(c), expected_round) << what;
-    check_backward_case(c);
-    const BwdResult r = run_backward_on_gpu(c, /*with_reference=*/false, /*repeats=*/3);
-    EXPECT_EQ(r.repeats_differing, 0) << what << ": runs whose gradients differ from the first, of 3";
-  };
-  // d = 64 (128 × 128 tiles): 6 key blocks on 2 × 3 positions; d = 256 (64 × 64): 10 key blocks on 2 × 5.
-  const int dims[] = {64, 128, 192, 256};
-  const int64_t seqlen_k_of[] = {700, 1100, 600, 600};
-  const int64_t blocks_of[] = {6, 9, 10, 10};
-  for (int row = 0; row < 4; ++row) {
-    BwdCase c;
-    c.head_dim = dims[row];
-    c.batch = 2, c.seqlen_q = 300, c.seqlen_k = seqlen_k_of[row], c.heads_q = 4, c.heads_kv = 2;
-    c.seed = 8100 + uint64_t(c.head_dim);
-    const int64_t n = blocks_of[row];
-    run(c, nullptr, n);                            // one round
-    run(c, n == 10 ? "5" : "3", n == 10 ? 5 : 3);  // rounds of a half (10 blocks) or a third (6, 9)
-    run(c, "1", 1);                                // a round per block
-  }
-  BwdCase c;  // many items per CTA: 32 (batch, kv head)s of 10 key blocks (d = 256) in rounds of 5
-  c.head_dim = 256;
-  c.batch = 4, c.seqlen_q = 320, c.seqlen_k = 600, c.heads_q = 16, c.heads_kv = 8;
-  c.seed = 8150;
-  run(c, "5", 5);
-}
-
 // FA4_BWD_DET_STORE_FIRST=1: each chain's first adder stores its slab (nothing zeroed; the postprocess skips a copy
 // whose counter stayed 0): the same values as the zeroed copies (stored as a reduce into zero would leave them),
 // right, repeatable; one and two chains, every row kind (the writer's bulk store, the register stores with and
@@ -840,24 +798,12 @@ TEST(GpuBackwardSm90, RefusalsNameTheArgument) {
   // pair's): a value no switch takes (the chain count takes 1 to 4 since B28)
   for (const char* name :
        {"FA4_BWD_DET_HELPER", "FA4_BWD_DET_CHAINS", "FA4_BWD_DET_SLAB_RELEASE", "FA4_BWD_DET_STORE_FIRST",
-        "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_DET_REGISTER_ADDS", "FA4_BWD_DET_ROTATED", "FA4_BWD_DET_ROTATED_ROUNDS",
-        "FA4_BWD_PDL", "FA4_BWD_DQ_REGISTER_ADDS"}) {
+        "FA4_BWD_DET_TWO_BUFFERS", "FA4_BWD_DET_REGISTER_ADDS", "FA4_BWD_DET_ROTATED", "FA4_BWD_PDL",
+        "FA4_BWD_DQ_REGISTER_ADDS"}) {
     const EnvOverride bad(name, "5");
     expect_error(fa4::Status::invalid_argument,
                  [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); }, {name, "'5'"});
     EXPECT_FALSE(fa4::supports(fa4::Pass::backward, x, x, x).ok) << name;
-  }
-  if (!fa4::sm90::bwd_walk_rounds_built()) {  // kernels that walk in one round: the rounds refused by name
-    const EnvOverride rounds("FA4_BWD_DET_ROTATED_ROUNDS", "1");
-    expect_error(fa4::Status::invalid_argument,
-                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
-                 {"FA4_BWD_DET_ROTATED_ROUNDS", "FA4_AB_BWD_WALK_ROUNDS"});
-  }
-  {
-    const EnvOverride bad("FA4_BWD_DET_ROTATED_ROUND_CAP", "0");  // a count of key blocks, at least 1
-    expect_error(fa4::Status::invalid_argument,
-                 [&] { fa4::backward(x, x, x, x, x, l.desc(), g.desc(), gk.desc(), gv.desc()); },
-                 {"FA4_BWD_DET_ROTATED_ROUND_CAP", "'0'"});
   }
   fa4::Tensor x80 = x;  // a head dim without a CUDA kernel: refused, not sent to the CPU
   x80.shape = {1, 16, 2, 80};

@@ -106,7 +106,6 @@ struct BackwardPaths {
   bool det_two_buffers = false;    // deterministic key-split rows: a staging buffer per dQ writer
   int det_chains = 1;              // turn chains (1 outside deterministic mode and on the rotated walk)
   bool det_rotated_walk = false;   // deterministic, unmasked, where it fits (FA4_BWD_DET_ROTATED=0: off)
-  int64_t det_rotated_round = 0;   // the rotated walk's key blocks per round: all of them, or a divisor (B32)
 };
 // sms: the device's SM count (the rotated walk needs a (batch, kv head)'s key blocks resident at once); < 0: not
 // checked (host-only tests).

@@ -192,10 +192,6 @@ enum class BwdBarrier : uint32_t {
 };
 static_assert(static_cast<uint32_t>(BwdBarrier::end) <= 16, "a CTA has 16 named barriers");
 
-#ifndef FA4_AB_BWD_REGS
-#define FA4_AB_BWD_REGS 0
-#endif
-
 template <int Row>
 struct BwdConfig {
   static_assert(Row >= 0 && Row < kBwdRows, "no such row in kBwdTiles");
@@ -207,11 +203,8 @@ struct BwdConfig {
   static constexpr bool kColumnSplit = kTile.column_split;
   static constexpr int kConsumerWarpgroups = bwd_consumer_warpgroups(kTile);
   static constexpr int kThreads = kWarpgroupThreads * (1 + kConsumerWarpgroups);
-  // FA4_AB_BWD_REGS = D (a build define, 0 = off; perf-log B31): 40 / 232 for the rows of head dim >= D, so the
-  // producer warps' turn paths spill less (the d = 64 consumers spill more at 232: D = 128 leaves them at 240).
-  static constexpr bool kRegs40x232 = FA4_AB_BWD_REGS > 0 && kHeadDim >= FA4_AB_BWD_REGS;
-  static constexpr int kProducerRegisters = kRegs40x232 ? 40 : 24;  // the load warp and the dQ writer warp
-  static constexpr int kConsumerRegisters = kRegs40x232 ? 232 : 240;
+  static constexpr int kProducerRegisters = 24;  // the load warp and the dQ writer warp
+  static constexpr int kConsumerRegisters = 240;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;
 
   // dQ = dS·K: (block_m/64)·(head_dim/64) units of 64 × 64, split evenly over the warpgroups, each taking

@@ -112,10 +112,10 @@ __global__ void __launch_bounds__(BwdConfig<Row>::kThreads, 1) bwd_kernel(const 
   if (paired) ptx::cluster_sync();
 }
 
-// The rotated walk (p.rotated_walk) runs on a persistent cooperative grid: as many whole rounds of
-// walk_round_blocks CTAs (a (batch, kv head)'s key blocks, or a round of them, each at a time) as are resident at
-// once, at most one per work item. The kernel's CTAs per SM are asked once per instance (a driver query; the same
-// on every sm_90a device), the SM count from the cached device attributes, so a call pays no query.
+// The rotated walk (p.rotated_walk) runs on a persistent cooperative grid: as many whole rounds of n_block_slots
+// CTAs (one (batch, kv head) each at a time) as are resident at once, at most one per work item group. The
+// kernel's CTAs per SM are asked once per instance (a driver query; the same on every sm_90a device), the SM
+// count from the cached device attributes, so a call pays no query.
 template <DType Dtype, int HeadDim>
 cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream) {
   constexpr int kRow = bwd_row(HeadDim);
@@ -138,12 +138,9 @@ cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream
     int device = 0;
     if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
     const int64_t sms = device_attribute(device, cudaDevAttrMultiProcessorCount).value_or(0);
-    const int64_t rounds = int64_t(per_sm) * sms / p.walk_round_blocks;
+    const int64_t rounds = int64_t(per_sm) * sms / p.n_block_slots;
     if (rounds == 0) return cudaErrorCooperativeLaunchTooLarge;  // the host's path choice rules this out
-    int64_t ctas = rounds * p.walk_round_blocks;
-    if (p.walk_max_ctas > 0)
-      ctas = std::min<int64_t>(ctas, std::max(1, p.walk_max_ctas / p.walk_round_blocks) * p.walk_round_blocks);
-    grid = uint32_t(std::min<int64_t>(ctas, p.work_items));
+    grid = uint32_t(std::min<int64_t>(rounds * p.n_block_slots, p.work_items));
   }
   return launch_with_dynamic_smem(kernel, grid, kThreads, kSmem, stream, p, !varlen && p.cluster_pair ? 2u : 1u,
                                   p.programmatic, p.rotated_walk);
@@ -158,8 +155,6 @@ cudaError_t launch_instance(const BwdParams& p, bool varlen, cudaStream_t stream
 #define FA4_KERNEL(arch, pass, dtype, head_dim)                                      \
   FA4_IF_##arch(FA4_IF_##pass(if (p_dtype == DType::dtype && p_head_dim == head_dim) \
                                   return launch_instance<DType::dtype, head_dim>(p, varlen, stream);))
-
-bool bwd_walk_rounds_built() { return FA4_AB_BWD_WALK_ROUNDS != 0; }
 
 cudaError_t launch_bwd_kernel(DType p_dtype, int p_head_dim, const BwdParams& p, bool varlen, cudaStream_t stream) {
 #include "cuda/instances.def"

@@ -16,11 +16,6 @@ namespace fa4::sm90 {
 // varlen: its variable-length instance (p.cu_seqlens_q/k set; batch = sequences, n_blocks the longest's).
 cudaError_t launch_bwd_kernel(DType dtype, int head_dim, const BwdParams& p, bool varlen, cudaStream_t stream);
 
-// Whether the main kernels were compiled with -DFA4_AB_BWD_WALK_ROUNDS=1 (the rotated walk in rounds, perf-log B32):
-// asked by the launch, whose translation unit may have been compiled without it (scripts/prebuilt-for-device's
-// FA4_PREBUILT_DEFINES recompiles kernel.cu alone).
-bool bwd_walk_rounds_built();
-
 // D, LSE₂ and the zeroed dQ accumulator for every padded row of every (batch, head) pair.
 cudaError_t launch_bwd_preprocess(DType dtype, const BwdPrePostParams& p, int64_t batch, cudaStream_t stream);
 

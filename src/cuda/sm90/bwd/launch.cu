@@ -106,12 +106,7 @@ int det_chains(const char* call, const detail::Problem& p) {
 //     there: FA4_BWD_DET_HELPER applies to the column-split rows), instead of staging it for the writers.
 //   FA4_BWD_DET_ROTATED (default 1; perf-log B29, H200: deterministic / default 0.83-0.94 -> 0.91-1.02 at d = 64-256,
 //     1k-2k): deterministic calls without a mask take the rotated walk (walk_order.hpp) on a persistent cooperative
-//     grid, where it applies (rotated_walk_round), with one chain; 0: the chains everywhere.
-//   FA4_BWD_DET_ROTATED_ROUNDS (default 0; perf-log B32, not measured yet; kernels built with
-//     -DFA4_AB_BWD_WALK_ROUNDS=1, else refused): with 1, a (batch, kv head) with more key blocks than SMs takes the
-//     rotated walk in rounds (walk_order.hpp, RotatedWalkInRounds) instead of the chains;
-//     FA4_BWD_DET_ROTATED_ROUND_CAP=N (tests; with ROUNDS=1 only) caps the blocks per round below the SM count, and
-//     the grid at N CTAs (whole rounds), as on a GPU with fewer SMs than key blocks.
+//     grid, where it applies (rotated_walk_applies), with one chain; 0: the chains everywhere.
 //   FA4_BWD_PDL (default 0; perf-log B16: level, within one rep's spread, at d = 64-256, 2k and 8k): the main
 //     kernel and the postprocess as programmatic dependent launches of the kernel before each (their launch and
 //     set-up overlap its tail).
@@ -126,32 +121,7 @@ struct Overrides {
   bool pdl = false;
   bool dq_register_adds = false;
   bool rotated = false;
-  bool rotated_rounds = false;
-  int64_t rotated_round_cap = 0;  // 0: none (the SM count bounds a round)
 };
-
-// FA4_BWD_DET_ROTATED_ROUND_CAP: a positive count, or unset (0: no cap); anything else is an error.
-int64_t rotated_round_cap(const char* call) {
-  const char* env = std::getenv("FA4_BWD_DET_ROTATED_ROUND_CAP");
-  if (env == nullptr || *env == '\0') return 0;
-  const std::string value(env);
-  const bool digits = value.size() <= 6 && value.find_first_not_of("0123456789") == std::string::npos;
-  if (!digits || std::stoll(value) < 1)
-    throw Error(Status::invalid_argument, std::string(call) +
-                                              ": environment FA4_BWD_DET_ROTATED_ROUND_CAP: expected a count of key "
-                                              "blocks from 1 to 999999, got '" + value + "'");
-  return std::stoll(value);
-}
-
-// FA4_BWD_DET_ROTATED_ROUNDS=1 needs kernels built with -DFA4_AB_BWD_WALK_ROUNDS=1 (kernel.cu says whether they
-// were): elsewhere they walk in one round, so the call is refused by name rather than run wrong.
-void check_walk_rounds_built(const char* call, const Overrides& o) {
-  if (o.rotated_rounds && !bwd_walk_rounds_built())
-    throw Error(Status::invalid_argument,
-                std::string(call) + ": environment FA4_BWD_DET_ROTATED_ROUNDS: expected 0 or unset in a build whose "
-                                    "backward kernels were compiled without -DFA4_AB_BWD_WALK_ROUNDS=1 (perf-log B32), "
-                                    "got '" + std::getenv("FA4_BWD_DET_ROTATED_ROUNDS") + "'");
-}
 Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Problem& p, bool varlen) {
   const bool det_register_adds = tile.det_register_adds_unmasked && !p.mask.masks_anything();
   Overrides o{pair_mode(call, tile, p), env_switch(call, "FA4_BWD_DET_HELPER", true), det_chains(call, p),
@@ -159,13 +129,7 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
               env_switch(call, "FA4_BWD_DET_TWO_BUFFERS", true),
               env_switch(call, "FA4_BWD_DET_REGISTER_ADDS", det_register_adds),
               env_switch(call, "FA4_BWD_PDL", false), env_switch(call, "FA4_BWD_DQ_REGISTER_ADDS", tile.dq_register_adds),
-              env_switch(call, "FA4_BWD_DET_ROTATED", true), env_switch(call, "FA4_BWD_DET_ROTATED_ROUNDS", false),
-              rotated_round_cap(call)};
-  if (o.rotated_round_cap > 0 && !o.rotated_rounds)
-    throw Error(Status::invalid_argument,
-                std::string(call) + ": environment FA4_BWD_DET_ROTATED_ROUND_CAP: expected unset without "
-                                    "FA4_BWD_DET_ROTATED_ROUNDS=1 (it caps the walk's rounds), got '" +
-                    std::getenv("FA4_BWD_DET_ROTATED_ROUND_CAP") + "'");
+              env_switch(call, "FA4_BWD_DET_ROTATED", true)};
   if (varlen && o.pair.pair)
     throw Error(Status::unsupported, std::string(call) + ": environment FA4_BWD_CLUSTER: expected 0 or unset for a "
                                                          "variable-length batch (the CTA pair runs dense batches "
@@ -174,26 +138,14 @@ Overrides read_overrides(const char* call, const BwdTile& tile, const detail::Pr
 }
 
 // Where the rotated walk can run: deterministic, nothing masked, a dense batch (every key block of a (batch, kv
-// head) visits every query tile), at most one key block of a round per position of the walk (distinct starts), a
-// round's key blocks resident at once (at most one per SM, and `cap` where > 0; sms < 0: not checked, for
-// host-only tests), and m · P small enough for the walk's 32-bit turn arithmetic. Returns the key blocks per
-// round m: all n of them where they fit; with `rounds`, else the largest divisor of n that fits, if it keeps more
-// than half of what fits busy; 0 where the walk does not apply.
-int64_t rotated_walk_round(const BwdTile& tile, const detail::Problem& p, bool varlen, int64_t sms, bool rounds,
-                           int64_t cap) {
-  if (!p.deterministic || varlen || p.mask.masks_anything() || p.seqlen_q == 0 || p.seqlen_k == 0) return 0;
+// head) visits every query tile), at most one key block per position of the walk (distinct starts), and the
+// (batch, kv head)'s key blocks resident at once (at most one per SM; sms < 0: not checked, for host-only tests),
+// and n · P small enough for the walk's 32-bit turn arithmetic.
+bool rotated_walk_applies(const BwdTile& tile, const detail::Problem& p, bool varlen, int64_t sms) {
+  if (!p.deterministic || varlen || p.mask.masks_anything() || p.seqlen_q == 0 || p.seqlen_k == 0) return false;
   const int64_t n_blocks = (p.seqlen_k + tile.block_n - 1) / tile.block_n;
   const int64_t positions = p.group() * ((p.seqlen_q + tile.block_m - 1) / tile.block_m);
-  int64_t fits = sms < 0 ? n_blocks : sms;
-  if (cap > 0) fits = std::min(fits, cap);  // set only with the rounds (read_overrides)
-  int64_t round = n_blocks <= fits ? n_blocks : 0;
-  if (round == 0 && rounds)
-    for (int64_t m = fits; m >= 1 && 2 * m > fits; --m)
-      if (n_blocks % m == 0) {
-        round = m;
-        break;
-      }
-  return round > 0 && round <= positions && round * positions < RotatedWalk::kMaxProduct ? round : 0;
+  return n_blocks <= positions && n_blocks * positions < RotatedWalk::kMaxProduct && (sms < 0 || n_blocks <= sms);
 }
 
 // The main kernel's paths from the overrides, the row and the problem (the one place they are derived).
@@ -208,9 +160,7 @@ BackwardPaths paths_of(const Overrides& o, const BwdTile& tile, const detail::Pr
   b.det_store_first = p.deterministic && o.store_first;
   b.det_two_buffers =
       o.two_buffers && tile.det_staging_buffers == 2 && p.deterministic && !o.pair.pair && !b.det_register_adds;
-  b.det_rotated_round =
-      o.rotated && !o.pair.pair ? rotated_walk_round(tile, p, varlen, sms, o.rotated_rounds, o.rotated_round_cap) : 0;
-  b.det_rotated_walk = b.det_rotated_round > 0;
+  b.det_rotated_walk = o.rotated && !o.pair.pair && rotated_walk_applies(tile, p, varlen, sms);
   b.det_chains = b.det_rotated_walk ? 1 : o.chains;
   return b;
 }
@@ -248,7 +198,7 @@ size_t backward_workspace_bytes(const detail::Problem& p) {
 
 void check_backward_overrides(const char* call, const detail::Problem& p, bool varlen) {
   const int row = bwd_row(int(p.head_dim));
-  if (row >= 0) check_walk_rounds_built(call, read_overrides(call, kBwdTiles[row], p, varlen));
+  if (row >= 0) read_overrides(call, kBwdTiles[row], p, varlen);
 }
 
 BackwardPaths backward_paths(const detail::Problem& p, bool varlen, int64_t sms) {
@@ -273,7 +223,6 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
   const BwdTile& tile = kBwdTiles[row];
   // Before any work: a bad override leaves nothing behind.
   const Overrides overrides = read_overrides(call, tile, p, vl != nullptr);
-  check_walk_rounds_built(call, overrides);
   const PairMode pair = overrides.pair;
   const cudaStream_t cu_stream = reinterpret_cast<cudaStream_t>(stream);
   // A variable-length batch's rows that no sequence covers (and keys past seqused_k) get zero gradients, as on
@@ -426,8 +375,6 @@ void run_backward(const char* call, const detail::Problem& p, const Tensor& q, c
     params.work_items = int32_t(grid);
     params.m_tiles = int32_t(layout.rows_padded / tile.block_m);
     params.rotated_walk = paths.det_rotated_walk;
-    params.walk_round_blocks = int32_t(paths.det_rotated_round);
-    params.walk_max_ctas = int32_t(overrides.rotated_round_cap);
     params.mask = p.mask;
     params.score = num::ScoreTransform::make(p.scale, p.softcap);
     params.scale = p.scale;

@@ -64,7 +64,7 @@ struct BwdParams {
   int32_t n_block_slots = 0;
   // Work items: one per (key block slot, kv head, batch), item i as CTA i of a grid of n_block_slots · heads_kv ·
   // batch. A persistent grid (the rotated walk's) has fewer CTAs, each taking items blockIdx.x, + gridDim.x, ...
-  // (a multiple of walk_round_blocks, which divides n_block_slots: a CTA keeps its key block slot modulo a round).
+  // (a multiple of n_block_slots: a CTA keeps its key block slot).
   int32_t work_items = 0;
   int32_t m_tiles = 0;  // query tiles of block_m per (batch, query head)
   // Deterministic mode without a mask, where it fits: the rotated walk (walk_order.hpp; perf-log B29; off with
@@ -111,14 +111,6 @@ struct BwdParams {
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;
   CUtensorMap q_map16, q_map1, dout_map16, dout_map1, k_map16, k_map1, v_map16, v_map1;  // boxes {64, 16 | 1, 1, 1}
-  // The rotated walk's key blocks per round (walk_order.hpp, RotatedWalkInRounds): n_blocks, or a divisor of it
-  // where more key blocks than SMs take the walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS=1, perf-log B32). The
-  // persistent grid is whole rounds. Last, so the fields before it keep the offsets of the kernels measured before
-  // it (their SASS unchanged where the walk's rounds are not built).
-  int32_t walk_round_blocks = 0;
-  // > 0 (FA4_BWD_DET_ROTATED_ROUND_CAP, tests): the walk's grid holds at most this many CTAs (whole rounds, at
-  // least one), so a CTA runs several rounds of one (batch, kv head) as on a GPU with fewer SMs than key blocks.
-  int32_t walk_max_ctas = 0;
 #if FA4_TRACE
   trace::Sink trace;  // trace builds only (cuda/trace/recorder.cuh): the untraced parameters keep their layout
 #endif

@@ -12,12 +12,6 @@
 
 #include "numerics/host_device.hpp"
 
-// The kernels' side of the walk in rounds (RotatedWalkInRounds below) is an A/B build define until measured
-// (perf-log B32): without it they take RotatedWalk, B29's code, and the launch refuses FA4_BWD_DET_ROTATED_ROUNDS.
-#ifndef FA4_AB_BWD_WALK_ROUNDS
-#define FA4_AB_BWD_WALK_ROUNDS 0
-#endif
-
 namespace fa4::sm90 {
 
 // 32-bit arithmetic (the turn is computed per tile in the producer warps' 24 registers, where a 64-bit division
@@ -39,25 +33,6 @@ struct RotatedWalk {
   FA4_HD int32_t turn(int32_t j, int32_t t) const {
     const int32_t r = starts_up_to(t) - 1 - j;
     return r < 0 ? r + int32_t(n_blocks) : r;
-  }
-};
-
-// The walk in rounds (FA4_BWD_DET_ROTATED_ROUNDS, perf-log B32): more key blocks than run at once. The n blocks
-// of a (batch, kv head) run as n / m rounds of m blocks (m divides n), launched from the last block down, so round
-// r is blocks [n − (r + 1)·m, n − r·m). Within a round the blocks walk as RotatedWalk{m, P} (block j as j mod m,
-// which covers 0 … m − 1 once per round), and a round adds after every block of the rounds before it: turn =
-// r·m + the round's own turn. A round's blocks wait only for blocks of their own or earlier rounds, which ran
-// (or run) on the same CTAs before them, so no block waits for one that is not resident. m = n: RotatedWalk.
-struct RotatedWalkInRounds {
-  uint32_t n_blocks = 1;     // n
-  uint32_t round_blocks = 1; // m, a divisor of n
-  uint32_t positions = 1;    // P, at least m
-
-  FA4_HD RotatedWalk round_walk() const { return RotatedWalk{round_blocks, positions}; }
-  FA4_HD int32_t start(int32_t j) const { return round_walk().start(int32_t(uint32_t(j) % round_blocks)); }
-  FA4_HD int32_t turn(int32_t j, int32_t t) const {
-    const uint32_t round = (n_blocks - 1 - uint32_t(j)) / round_blocks;
-    return int32_t(round * round_blocks) + round_walk().turn(int32_t(uint32_t(j) % round_blocks), t);
   }
 };
 

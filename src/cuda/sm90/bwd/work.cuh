@@ -132,41 +132,18 @@ __device__ __forceinline__ auto bwd_work(const BwdParams& p, int32_t item) {
 
 // The CTA's work items: blockIdx.x, then every gridDim.x-th (one item each unless the grid is persistent). Every
 // role walks them in this order, so the CTAs of one round (blockIdx.x / n_block_slots) take the same (batch, kv
-// head) at the same time: what the rotated walk's turns need (gridDim.x is a multiple of the walk's round,
-// p.walk_round_blocks, which divides n_block_slots).
+// head) at the same time: what the rotated walk's turns need (gridDim.x is a multiple of n_block_slots).
 // Roles whose state carries from item to item (pipeline states, the dQ writers' turn) keep it outside `visit`.
-// FA4_AB_SINGLE_ITEM (a build define, off; perf-log B30): a grid of one CTA per item visits its item outside any
-// loop, so the roles' state need not live across a loop's back edge (one more copy of each role body).
-#ifndef FA4_AB_SINGLE_ITEM
-#define FA4_AB_SINGLE_ITEM 0
-#endif
 template <int BlockM, int BlockN, bool Varlen, class Visit>
 __device__ __forceinline__ void for_each_work_item(const BwdParams& p, Visit&& visit) {
-  if constexpr (FA4_AB_SINGLE_ITEM) {
-    if (int32_t(gridDim.x) == p.work_items) {
-      visit(bwd_work<BlockM, BlockN, Varlen>(p, int32_t(blockIdx.x)));
-      return;
-    }
-  }
 #pragma unroll 1
   for (int32_t item = int32_t(blockIdx.x); item < p.work_items; item += int32_t(gridDim.x))
     visit(bwd_work<BlockM, BlockN, Varlen>(p, item));
 }
 
-// The rotated walk of a work item's (batch, kv head) over `positions` positions: in rounds where the kernels are
-// built for them (FA4_AB_BWD_WALK_ROUNDS, perf-log B32), else B29's walk of all its key blocks at once.
-template <class Work>
-__device__ __forceinline__ auto rotated_walk_of(const BwdParams& p, const Work& work, int32_t positions) {
-#if FA4_AB_BWD_WALK_ROUNDS
-  return RotatedWalkInRounds{uint32_t(work.n_blocks(p)), uint32_t(p.walk_round_blocks), uint32_t(positions)};
-#else
-  return RotatedWalk{uint32_t(work.n_blocks(p)), uint32_t(positions)};
-#endif
-}
-
 // A cursor over the positions of a work item's walk: every query head of the kv head's group and, for each, the
 // query tiles [m_begin, m_end), in that order; under the rotated walk from the key block's start position
-// (rotated_walk_of's start), wrapping from the group's last head to its first.
+// (RotatedWalk::start), wrapping from the group's last head to its first.
 struct TileWalk {
   int32_t head = 0, m_block = 0, left = 0;
   template <class Work>
@@ -176,7 +153,7 @@ struct TileWalk {
     m_block = work.m_begin;
     left = work.empty() ? 0 : tiles * p.group;
     if (p.rotated_walk && left > 0) {
-      const int32_t s = rotated_walk_of(p, work, left).start(work.n_block);
+      const int32_t s = RotatedWalk{uint32_t(work.n_blocks(p)), uint32_t(left)}.start(work.n_block);
       head += s / tiles;
       m_block += s % tiles;
     }
@@ -200,13 +177,13 @@ struct TileWalk {
 // With ws.chains = C > 1 the blocks form C chains (block n in chain n % C, adding into its own accumulator copy
 // with its own counters, summed in a fixed order by the postprocess): a block's turn counts only the visitors of
 // its chain after it, so the c-th CTA of a wave waits for c / C links before its first add, not c (perf-log B14).
-// The rotated walk (p.rotated_walk: nothing masked, one chain) has its own order: rotated_walk_of's turn of the
-// tile's position (query head h's m_block) in the walk.
+// The rotated walk (p.rotated_walk: nothing masked, one chain) has its own order: RotatedWalk::turn of the tile's
+// position (query head h's m_block) in the walk.
 template <int BlockM, int BlockN, class Work>
 __device__ __forceinline__ int32_t dq_turn_of(const BwdParams& p, const Work& work, int32_t h, int32_t m_block) {
   if (p.rotated_walk)
-    return rotated_walk_of(p, work, p.group * p.m_tiles)
-        .turn(work.n_block, (h - work.kv_head * p.group) * p.m_tiles + m_block);
+    return RotatedWalk{uint32_t(work.n_blocks(p)), uint32_t(p.group * p.m_tiles)}.turn(
+        work.n_block, (h - work.kv_head * p.group) * p.m_tiles + m_block);
   const num::Mask& m = work.mask(p);
   const int32_t n_block = work.n_block, n_blocks = work.n_blocks(p);
   int32_t distance;  // from the last visitor of the tile
