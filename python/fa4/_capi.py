@@ -341,13 +341,11 @@ _WORKSPACE_CACHE = {}  # (pass, descriptors without data pointers, options bytes
 def workspace_size(pass_, q, k, v, options):
     """The workspace bytes the pass asks for. The library's answer is a function of the pass, the tensors' dtype,
     device, shape and strides, the options (never of the data pointers, which the packed descriptors carry
-    in their first 8 bytes) and, for the backward, the FA4_BWD_DET_CHAINS and FA4_BWD_DET_ROTATED(_ROUNDS,
-    _ROUND_CAP) A/B overrides (the deterministic accumulator copies), so it is remembered per such key: a ctypes
-    round trip was a quarter of the Python side of a decode call (issue 12's host cost)."""
+    in their first 8 bytes) and, for the backward, the FA4_BWD_DET_CHAINS and FA4_BWD_DET_ROTATED A/B overrides
+    (the deterministic accumulator copies), so it is remembered per such key: a ctypes round trip was a quarter of
+    the Python side of a decode call (issue 12's host cost)."""
     environ = os.environ
-    overrides = (environ.get("FA4_BWD_DET_CHAINS"), environ.get("FA4_BWD_DET_ROTATED"),
-                 ) \
-        if pass_ == BACKWARD else None
+    overrides = (environ.get("FA4_BWD_DET_CHAINS"), environ.get("FA4_BWD_DET_ROTATED")) if pass_ == BACKWARD else None
     key = (pass_, q[8:], k[8:], v[8:], bytes(options), overrides)
     size = _WORKSPACE_CACHE.get(key)
     if size is None:
