@@ -149,27 +149,44 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
       if (!(col >= lo[h] && col < hi[h])) s.reg[i] = -INFINITY;
     }
   }
-  float block_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-  for (int i = 0; i < BlockN / 2; ++i) block_max[reg_row_half(i)] = fmaxf(block_max[reg_row_half(i)], s.reg[i]);
   const float c = Form == ScoreForm::raw_max ? p.score.scale_log2 : 1.0f;
-
-  // Correction decision: per row; O is multiplied later, and only when some row of this warp moved its max.
   Rescale rescale;
   bool any_rescaled = false;
 #if FA4_TRACE
   bool moved[2];
 #endif
+  // The two rows together (perf-log F41): each row's max as four partial maxima (eight chains of BlockN / 16 that
+  // interleave, where one chain per row of BlockN / 4 ran the rows one after the other), their quad shuffles
+  // issued together, and the correction decision as selects: num::update_row_max's decision (first block: take it;
+  // moved by more than tau: take it and rescale; else keep) without its branches, which with the shuffles'
+  // convergence checks kept the compiler from overlapping the rows. The same bits: a max does not depend on order.
+  // Correction: O is multiplied later, and only when some row of this warp moved its max.
+  float block_max[2];
+  {
+    float part[2][4];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) part[h][k] = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < BlockN / 2; ++i) {
+      float& acc = part[reg_row_half(i)][(i >> 2) & 3];
+      acc = fmaxf(acc, s.reg[i]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) block_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
+  }
+  quad_max_pair(block_max);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float tile_max = Form == ScoreForm::raw_max ? quad_max(block_max[h]) * c : quad_max(block_max[h]);
-    const num::RowMaxUpdate u = num::update_row_max(rows.m[h], tile_max, p.rescale_threshold);
-    rescale.factor[h] = u.rescaled ? exp2_mufu(u.log2_scale) : 1.0f;
-    any_rescaled = any_rescaled || u.rescaled;
+    const float tile_max = Form == ScoreForm::raw_max ? block_max[h] * c : block_max[h], m_old = rows.m[h];
+    const bool first = m_old == -INFINITY, move = !first && tile_max - m_old > p.rescale_threshold;
+    rows.m[h] = first || move ? tile_max : m_old;
+    rescale.factor[h] = move ? exp2_mufu(m_old - tile_max) : 1.0f;
+    any_rescaled = any_rescaled || move;
 #if FA4_TRACE
-    moved[h] = u.rescaled;
+    moved[h] = move;
 #endif
-    rows.m[h] = u.m;
     rows.l[h] *= rescale.factor[h];
   }
   rescale.any = __any_sync(0xffffffffu, any_rescaled);
