@@ -433,4 +433,68 @@ TEST(GpuSplitKvSm90, ClusterMergeMatchesTheCombineKernel) {
   }
 }
 
+// F42 (FA4_FWD_DECODE_CLUSTER_MERGE=1, kernels built with -DFA4_AB_DECODE_CLUSTER_MERGE=1): the decode kernel's
+// ranges merged inside its clusters against the combine kernel: the same bits (the same merge of the same
+// partials), right against the reference, on a NaN-poisoned caller workspace (a merge reading a partial before
+// its range wrote it reads NaN), and one kernel launch where every cluster fits at once (2 .. 8 ranges of 8 kv heads;
+// the fill rule's 16 printed). Groups of 1, 4 and 16 (so a cluster's warps loop over rows where 2 ranges hold
+// fewer warps than 16 rows), softcap, ranges left empty (5 keys), every decode instance. Skipped, visibly, in
+// builds without the define (the switch is refused there: RefusalsOfTheDecodeClusterMerge).
+TEST(GpuSplitKvSm90, DecodeClusterMergeMatchesTheCombineKernel) {
+  REQUIRE_SM90();
+  if (!fa4::sm90::decode_cluster_merge_built())
+    GTEST_SKIP() << "the decode kernels were compiled without -DFA4_AB_DECODE_CLUSTER_MERGE=1 (perf-log F42)";
+  const EnvOverride decode_kernel("FA4_FWD_DECODE_KERNEL", "2");  // every call it takes
+  const SplitShape shapes[] = {{2, 1, 3001, 8, 2, false, -1, 0.0f},  {1, 1, 777, 4, 1, true, -1, 30.0f},
+                               {3, 1, 5, 4, 4, false, -1, 0.0f},     {1, 1, 1000, 16, 1, true, -1, 0.0f},
+                               {1, 1, 16384, 32, 8, false, -1, 0.0f}, {2, 1, 2048, 8, 8, false, -1, 0.0f}};
+  uint64_t seed = 9100;
+  for (const auto& [dtype, head_dim] : compiled_instances(/*backward=*/false)) {
+    if (!fa4::sm90::has_decode_kernel(dtype, head_dim)) continue;
+    for (const SplitShape& s : shapes)
+      for (int splits : {2, 3, 8, 16, 0}) {
+        SplitCase c = split_case(s, dtype, head_dim, splits, ++seed);
+        c.caller_workspace = true;
+        SCOPED_TRACE(c.name());
+        SplitRun base;
+        {
+          const EnvOverride off("FA4_FWD_DECODE_CLUSTER_MERGE", "0");
+          base = run_split_case(c, /*with_reference=*/false);
+        }
+        const EnvOverride on("FA4_FWD_DECODE_CLUSTER_MERGE", "1");
+        check_split_case(c);
+        const SplitRun merged = run_split_case(c, /*with_reference=*/false);
+        EXPECT_TRUE(merged.out_bytes == base.out_bytes) << "out differs from the combine kernel's";
+        EXPECT_TRUE(merged.lse_bytes == base.lse_bytes) << "lse differs from the combine kernel's";
+        if (s.seqlen_k != 16384 || head_dim != 128) continue;
+        size_t kernels = 0;
+        kernels_in_forward(c, &kernels);
+        if (splits >= 2 && splits <= 8)
+          EXPECT_EQ(kernels, size_t(1)) << "kernel launches of the call: the ranges merged in the decode kernel";
+        else
+          std::printf("  %s: %zu kernel launch(es) with the decode cluster merge\n", c.name().c_str(), kernels);
+      }
+  }
+}
+
+// Without -DFA4_AB_DECODE_CLUSTER_MERGE=1 the switch is refused by name, never silently ignored.
+TEST(GpuSplitKvSm90, RefusalsOfTheDecodeClusterMerge) {
+  REQUIRE_SM90();
+  if (fa4::sm90::decode_cluster_merge_built()) GTEST_SKIP() << "a build with the decode cluster merge: nothing to refuse";
+  SplitCase c;
+  c.batch = 1, c.seqlen_q = 1, c.seqlen_k = 4096, c.heads_q = 32, c.heads_kv = 8, c.head_dim = 128;
+  fa4::testing::CaseInputs in = fa4::testing::make_case_inputs(c.spec());
+  auto out = HostTensor::make(c.dtype, {1, 1, 32, 128});
+  DeviceCopy d_q(in.q, size_t(in.q.numel())), d_k(in.k, size_t(in.kv_storage_elems)),
+      d_v(in.v, size_t(in.kv_storage_elems)), d_out(out, size_t(out.numel()));
+  const EnvOverride on("FA4_FWD_DECODE_CLUSTER_MERGE", "1");
+  try {
+    fa4::forward(d_q.desc(), d_k.desc(), d_v.desc(), d_out.desc(), nullptr, c.options);
+    ADD_FAILURE() << "FA4_FWD_DECODE_CLUSTER_MERGE=1 ran in a build without the cluster merge";
+  } catch (const fa4::Error& e) {
+    EXPECT_EQ(e.code(), fa4::Status::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("FA4_FWD_DECODE_CLUSTER_MERGE"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
