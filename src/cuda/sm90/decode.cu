@@ -14,15 +14,10 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
-#include <tuple>
 #include <type_traits>
 
-#include "cuda/ptx/cluster.cuh"
 #include "cuda/ptx/mma_sync.cuh"
 #include "cuda/sm90/quad.cuh"
-#include "cuda/sm90/split_combine.cuh"
 #include "cuda/sm90/tiles.cuh"
 #include "numerics/convert.hpp"
 
@@ -337,12 +332,7 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
   __syncthreads();
 
   const int row = int(threadIdx.x) / L::kMergePhases, phase = int(threadIdx.x) % L::kMergePhases;
-#if FA4_AB_DECODE_CLUSTER_MERGE
-  if (row < p.group) {  // every thread goes on to the cluster barrier below
-#else
   if (row >= p.group) return;
-  {
-#endif
   float row_max = -INFINITY;
 #pragma unroll
   for (int w = 0; w < kKeyWarps; ++w) row_max = fmaxf(row_max, merge_m[w * kDecodeMaxRows + row]);
@@ -370,19 +360,6 @@ __global__ void __launch_bounds__(DecodeLayout<HeadDim>::kThreads) decode_kernel
       out[col] = In == ptx::WgmmaInput::bf16 ? num::float_to_bf16_bits(acc * fin.inv_l)
                                              : num::float_to_f16_bits(acc * fin.inv_l);
   }
-  }
-#if FA4_AB_DECODE_CLUSTER_MERGE
-  // F42: the cluster is this (kv head, sequence)'s ranges (rank = split). Once every range's partial rows are
-  // written and released to the cluster (barrier.cluster, release / acquire: the combine kernel's grid boundary),
-  // the cluster's warps merge the group's rows, one warp a row, with the combine kernel's own function (the same
-  // bits). A row is merged by warp `split · kWarps + warp`, stepping by the cluster's warps.
-  if (p.cluster_merge) {
-    ptx::cluster_sync();
-    for (int r = split * L::kWarps + warp; r < p.group; r += p.num_splits * L::kWarps)
-      merge_split_row<In == ptx::WgmmaInput::bf16>(p.combine, int64_t(b) * p.combine.heads_q + int64_t(kv_head) * p.group + r,
-                                                   lane);
-  }
-#endif
 }
 
 // The compiled instance of (dtype, head_dim, appends) (has_decode_kernel holds; appends only where the build's kernel
@@ -424,51 +401,11 @@ int decode_ctas_per_sm(DType dtype, int head_dim) {
   return fewest;
 }
 
-bool decode_cluster_merge_built() { return FA4_AB_DECODE_CLUSTER_MERGE != 0; }
-
-cudaError_t decode_max_active_clusters(DType dtype, int head_dim, bool appends, uint32_t cluster, int* clusters) {
-  *clusters = 0;
-  if (!has_decode_kernel(dtype, head_dim) || cluster < 1 || cluster > kDecodeMaxCluster) return cudaErrorInvalidValue;
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  static std::mutex mu;
-  static std::map<std::tuple<DType, int, bool, uint32_t, int>, int> known;
-  const auto key = std::make_tuple(dtype, head_dim, appends, cluster, device);
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (const auto it = known.find(key); it != known.end()) return *clusters = it->second, cudaSuccess;
-  }
-  const DecodeInstance d = decode_instance(dtype, head_dim, appends);
-  const void* k = reinterpret_cast<const void*>(d.kernel);
-  if (const cudaError_t e = opt_in_dynamic_smem(k, d.smem); e != cudaSuccess) return e;
-  if (cluster > 8)
-    if (const cudaError_t e = opt_in_large_clusters(k); e != cudaSuccess) return e;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(cluster);
-  config.blockDim = dim3(d.threads);
-  config.dynamicSmemBytes = d.smem;
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeClusterDimension;
-  attr.val.clusterDim.x = cluster, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  if (const cudaError_t e = cudaOccupancyMaxActiveClusters(clusters, d.kernel, &config); e != cudaSuccess) return e;
-  std::lock_guard<std::mutex> lock(mu);
-  known[key] = *clusters;
-  return cudaSuccess;
-}
-
 cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cudaStream_t stream) {
   if (!has_decode_kernel(dtype, head_dim)) return cudaErrorInvalidValue;
   const DecodeInstance d = decode_instance(dtype, head_dim, p.k_new != nullptr);
   const uint32_t grid = uint32_t(p.num_splits) * uint32_t(p.heads_kv) * uint32_t(p.batch);
-  const uint32_t cluster = p.cluster_merge ? uint32_t(p.num_splits) : 1;
-  if (p.cluster_merge && (!decode_cluster_merge_built() || cluster < 2 || cluster > kDecodeMaxCluster))
-    return cudaErrorInvalidValue;  // the launcher asks decode_cluster_merge_built and the cluster size first
-  if (cluster > 8)
-    if (const cudaError_t e = opt_in_large_clusters(reinterpret_cast<const void*>(d.kernel)); e != cudaSuccess)
-      return e;
-  return launch_with_dynamic_smem(d.kernel, grid, d.threads, d.smem, stream, p, cluster, /*programmatic=*/true);
+  return launch_with_dynamic_smem(d.kernel, grid, d.threads, d.smem, stream, p, 1, /*programmatic=*/true);
 }
 
 }  // namespace fa4::sm90

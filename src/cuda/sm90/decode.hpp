@@ -9,7 +9,6 @@
 
 #include <cstdint>
 
-#include "cuda/sm90/split_combine.hpp"
 #include "fa4/fa4.hpp"
 #include "numerics/online_softmax.hpp"
 
@@ -48,13 +47,6 @@ inline constexpr int64_t kDecodeMaxRangeKeys = 1024;  // the default's longest r
 #define FA4_AB_DECODE_APPEND 1
 #endif
 inline constexpr bool kDecodeAppends = FA4_AB_DECODE_APPEND && !FA4_AB_DECODE_WARP_RINGS;
-// F42 (an A/B define, off; perf-log): a split call's ranges merged inside the decode kernel, its grid in clusters of
-// one (kv head, sequence)'s ranges, instead of by the combine kernel (DecodeParams::cluster_merge;
-// FA4_FWD_DECODE_CLUSTER_MERGE=1 at run time, refused in builds without it).
-#ifndef FA4_AB_DECODE_CLUSTER_MERGE
-#define FA4_AB_DECODE_CLUSTER_MERGE 0
-#endif
-inline constexpr uint32_t kDecodeMaxCluster = 16;  // CTAs of a cluster (above 8: the kernel's non-portable opt-in)
 
 struct DecodeParams {
   // q, out [batch, 1, heads_q, head_dim]: element strides of batch and head (head_dim contiguous, pairs aligned).
@@ -90,11 +82,6 @@ struct DecodeParams {
   const void* k_new = nullptr;
   const void* v_new = nullptr;
   int64_t new_stride_b = 0, new_stride_s = 0, new_stride_h = 0;
-  // F42 (last: the fields above keep their offsets; read only in builds with FA4_AB_DECODE_CLUSTER_MERGE): the grid
-  // runs in clusters of num_splits CTAs, one (kv head, sequence)'s ranges each, and after writing its partials a
-  // cluster merges its rows itself (merge_split_row over `combine`, the combine kernel's parameters).
-  bool cluster_merge = false;
-  SplitCombineParams combine;
 };
 
 // Whether the decode kernel is compiled for (dtype, head_dim).
@@ -105,15 +92,7 @@ bool has_decode_kernel(DType dtype, int64_t head_dim);
 // rule assumes.
 int decode_ctas_per_sm(DType dtype, int head_dim);
 
-// Whether the kernels were compiled with F42's cluster merge (FA4_AB_DECODE_CLUSTER_MERGE).
-bool decode_cluster_merge_built();
-
-// Clusters of `cluster` CTAs of the (dtype, head_dim, appends) instance the current device runs at once (the occupancy
-// API, asked once per key; 0 where none fits), or an error.
-cudaError_t decode_max_active_clusters(DType dtype, int head_dim, bool appends, uint32_t cluster, int* clusters);
-
-// Grid: num_splits × heads_kv × batch CTAs, launched as a programmatic dependent of the stream's previous kernel;
-// with p.cluster_merge in clusters of num_splits CTAs (at most kDecodeMaxCluster).
+// Grid: num_splits × heads_kv × batch CTAs, launched as a programmatic dependent of the stream's previous kernel.
 cudaError_t launch_decode(DType dtype, int head_dim, const DecodeParams& p, cudaStream_t stream);
 
 }  // namespace fa4::sm90

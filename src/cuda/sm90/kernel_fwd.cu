@@ -162,6 +162,22 @@ cudaError_t with_fwd_kernel(DType p_dtype, int p_head_dim, int row, bool varlen,
   return cudaErrorInvalidValue;  // not a compiled row: selection refuses these before launch
 }
 
+// Clusters above the portable 8 CTAs need the kernel's opt-in, once per (kernel, device) in the process;
+// `again`: set it even if this process did (a cudaDeviceReset forgets it).
+cudaError_t opt_in_large_clusters(const void* kernel, bool again = false) {
+  int device = 0;
+  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> opted;
+  std::lock_guard<std::mutex> lock(mu);
+  if (opted.count({kernel, device}) != 0 && !again) return cudaSuccess;
+  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+      e != cudaSuccess)
+    return e;
+  opted.insert({kernel, device});
+  return cudaSuccess;
+}
+
 }  // namespace
 
 cudaError_t launch_fwd_kernel(DType dtype, int head_dim, int row, bool varlen, const FwdParams& p, uint32_t grid,

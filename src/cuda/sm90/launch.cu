@@ -9,7 +9,6 @@
 #include <numeric>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 
@@ -97,20 +96,6 @@ cudaError_t opt_in_dynamic_smem(const void* kernel, uint32_t smem, bool again) {
       e != cudaSuccess)
     return e;
   done = smem;
-  return cudaSuccess;
-}
-
-cudaError_t opt_in_large_clusters(const void* kernel, bool again) {
-  int device = 0;
-  if (const cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> opted;
-  std::lock_guard<std::mutex> lock(mu);
-  if (opted.count({kernel, device}) != 0 && !again) return cudaSuccess;
-  if (const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-      e != cudaSuccess)
-    return e;
-  opted.insert({kernel, device});
   return cudaSuccess;
 }
 
@@ -354,10 +339,6 @@ int32_t lpt_section(const detail::Problem& p, int64_t seqlen_k, int64_t pairs, i
 //     faster on the H100 at b = 16-128), or wherever its ranges are short (1, F27's rule), or always (2), or never
 //     (0); its ranges are merged by the combine kernel, whatever FA4_FWD_CLUSTER_COMBINE says (that merge is the
 //     forward kernel's).
-//   FA4_FWD_DECODE_CLUSTER_MERGE (default 0; perf-log F42; refused as 1 in builds without
-//     -DFA4_AB_DECODE_CLUSTER_MERGE=1): 1 merges a split call's ranges inside the decode kernel, its grid in clusters of
-//     one (kv head, sequence)'s ranges, where at most kDecodeMaxCluster ranges and the device runs every cluster at
-//     once (decode_merges_in_cluster); else the combine kernel.
 //   FA4_FWD_DECODE_APPEND (perf-log F33; default 1 where the build's decode kernel appends, kDecodeAppends, and
 //     refused as 1 where it does not): a KV-cache call on the decode kernel appends its new keys in that kernel
 //     (decode_kernel_appends); 0 launches the append kernel before it, as the forward kernel's calls do.
@@ -368,7 +349,6 @@ struct FwdSwitches {
   enum class DecodeKernel { never, short_ranges, always, short_ranges_where_split } decode_kernel =
       DecodeKernel::short_ranges_where_split;
   bool decode_append = kDecodeAppends;  // the decode kernel appends a KV-cache call's new keys (decode_kernel_appends)
-  bool decode_cluster_merge = false;    // F42: a split call's ranges merged in the decode kernel's clusters
 };
 FwdSwitches::DecodeKernel decode_kernel_switch(const char* call) {
   const char* env = std::getenv("FA4_FWD_DECODE_KERNEL");
@@ -393,10 +373,7 @@ FwdSwitches read_fwd_switches(const char* call) {
           env_switch(call, "FA4_FWD_VARLEN_COUNTER", true), decode_kernel_switch(call),
           build_switch(call, "FA4_FWD_DECODE_APPEND", kDecodeAppends,
                        "its decode kernel does not append: built with -DFA4_AB_DECODE_APPEND=0 or "
-                       "-DFA4_AB_DECODE_WARP_RINGS=1"),
-          env_switch(call, "FA4_FWD_DECODE_CLUSTER_MERGE", false) &&
-              build_switch(call, "FA4_FWD_DECODE_CLUSTER_MERGE", decode_cluster_merge_built(),
-                           "its decode kernel has no cluster merge: built without -DFA4_AB_DECODE_CLUSTER_MERGE=1")};
+                       "-DFA4_AB_DECODE_WARP_RINGS=1")};
 }
 
 // Split-KV merged inside the forward (FwdParams::cluster_combine) rather than by the combine kernel: a tile's
@@ -537,20 +514,6 @@ bool decode_kernel_appends(const FwdSwitches& switches, const KvCacheArgs& cache
 
 // A call decode_kernel_applies to, on the decode kernel: the plan's split count (and so its workspace), a KV-cache
 // call's append (in the kernel where decode_kernel_appends, else the append kernel first), the combine after a split.
-// F42 (FA4_FWD_DECODE_CLUSTER_MERGE): a split decode call's ranges merged in the decode kernel's clusters, one
-// (kv head, sequence)'s ranges each, where they form one cluster (at most kDecodeMaxCluster) and the device runs
-// every cluster at once (a second wave of clusters would wait on the first); both merges are merge_split_row on the
-// same partials: the same bits.
-bool decode_merges_in_cluster(const char* call, const FwdSwitches& switches, const detail::Problem& p, bool appends,
-                              int32_t splits) {
-  if (!switches.decode_cluster_merge || splits < 2 || uint32_t(splits) > kDecodeMaxCluster) return false;
-  int clusters = 0;
-  throw_if_cuda_error(call,
-                      decode_max_active_clusters(p.dtype, int(p.head_dim), appends, uint32_t(splits), &clusters),
-                      "decode cluster occupancy query");
-  return clusters >= p.batch * p.heads_kv;
-}
-
 void run_decode(const char* call, const FwdSwitches& switches, const detail::Problem& p, const FwdPlan& plan,
                 const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor* lse,
                 const KvCacheArgs* cache, Workspace workspace, Stream stream) {
@@ -585,12 +548,8 @@ void run_decode(const char* call, const FwdSwitches& switches, const detail::Pro
     d.lse = static_cast<float*>(lse->data), d.lse_stride_b = lse->stride[0], d.lse_stride_h = lse->stride[1];
   }
   if (cache != nullptr && !appends) append_new_keys(call, k, v, *cache, cu_stream);
-  if (plan.splits > 1 && decode_merges_in_cluster(call, switches, p, appends, plan.splits)) {
-    d.cluster_merge = true;
-    d.combine = combine_params(p, plan, partials, out, lse);
-  }
   throw_if_cuda_error(call, launch_decode(p.dtype, int(p.head_dim), d, cu_stream), "sm_90a decode launch failed");
-  if (plan.splits > 1 && !d.cluster_merge)
+  if (plan.splits > 1)
     throw_if_cuda_error(call, launch_split_combine(p.dtype, combine_params(p, plan, partials, out, lse), cu_stream),
                         "split-KV combine launch failed");
   if (owned) owned->free(call);

@@ -28,9 +28,6 @@ constexpr ptx::WgmmaInput wgmma_input() {
 // size) in the process: the attribute persists, and setting it is a driver call on every launch otherwise.
 // `again`: set it even if this process did (a cudaDeviceReset forgets it; the launch below retries once).
 cudaError_t opt_in_dynamic_smem(const void* kernel, uint32_t smem, bool again = false);
-// Clusters above the portable 8 CTAs need the kernel's opt-in, once per (kernel, device) in the process; `again`
-// as above.
-cudaError_t opt_in_large_clusters(const void* kernel, bool again = false);
 
 // Launches a kernel that takes its parameters as one __grid_constant__ struct, with `smem` bytes of dynamic
 // shared memory (opted in first: above 48 KiB the attribute is required).
