@@ -36,10 +36,12 @@
 #ifndef FA4_AB_REGS
 #define FA4_AB_REGS 0
 #endif
-// A/B candidate (off by default): the d = 256 row without tensor-core turns (its consumers issue GEMMs freely).
-// (The d = 128 row's K/V ring at 3 stages, O staged in Q's rows, measured level with 2: perf-log F10-F14 outcome.)
-#ifndef FA4_AB_D256_NO_TURNS
-#define FA4_AB_D256_NO_TURNS 0
+// A/B candidate (0 = off, the default): the rows of head dim >= FA4_AB_NO_TURNS without tensor-core turns (their
+// consumers issue GEMMs freely; issue 11's ablation of ping-pong: 256 is FA3's and FA4's choice, 128 measures it at
+// d = 128 too). (The d = 128 row's K/V ring at 3 stages, O staged in Q's rows, measured level with 2: perf-log
+// F10-F14 outcome.)
+#ifndef FA4_AB_NO_TURNS
+#define FA4_AB_NO_TURNS 0
 #endif
 
 // F32 (the default since the thirteenth session; 0 in a build's CUDA flags turns it off): a paged call's V tiles
@@ -143,9 +145,9 @@ struct FwdConfig {
   // One consumer warpgroup (256 threads) has up to 255 registers per thread at launch: no setmaxnreg.
   static constexpr bool kSetMaxNReg = kConsumerWarpgroups > 1;
   // Whether the consumer warpgroups take turns at the tensor core (TensorCoreTurn): always with two or three, but
-  // for the d = 256 row under the A/B candidate FA4_AB_D256_NO_TURNS (FA3 and FA4 drop their scheduler barrier
+  // for the rows of head dim >= FA4_AB_NO_TURNS under that A/B candidate (FA3 and FA4 drop their scheduler barrier
   // above head dim 128).
-  static constexpr bool kTensorCoreTurns = kConsumerWarpgroups > 1 && !(FA4_AB_D256_NO_TURNS && kHeadDim == 256);
+  static constexpr bool kTensorCoreTurns = kConsumerWarpgroups > 1 && !(FA4_AB_NO_TURNS > 0 && kHeadDim >= FA4_AB_NO_TURNS);
   // A/B candidate FA4_AB_REGS (off by default): 24 / 240 (FA3's and FA4's split) for the two-consumer d = 128 and
   // d = 192 rows too.
   static constexpr bool kRegs24x240 = kHeadDim >= 256 || (FA4_AB_REGS && kHeadDim >= 128);

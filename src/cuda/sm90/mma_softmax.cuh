@@ -68,8 +68,8 @@ template <int Consumers>
 class TensorCoreTurn {
  public:
   __device__ explicit TensorCoreTurn(int consumer) : consumer_(consumer) {}
-  // A lone consumer has the tensor core to itself: every turn is a no-op (so are the d = 256 row's under the A/B
-  // candidate FA4_AB_D256_NO_TURNS: FwdConfig::kTensorCoreTurns).
+  // A lone consumer has the tensor core to itself: every turn is a no-op (so are the turns of the rows the A/B
+  // candidate FA4_AB_NO_TURNS names: FwdConfig::kTensorCoreTurns).
   __device__ void start() const {
     if constexpr (Consumers > 1)
       if (consumer_ == Consumers - 1) ptx::named_barrier_arrive(barrier(0), kThreads);
