@@ -40,9 +40,13 @@
 // consumers issue GEMMs freely; issue 11's ablation of ping-pong: 256 is FA3's and FA4's choice, 128 measures it at
 // d = 128 too). (The d = 128 row's K/V ring at 3 stages, O staged in Q's rows, measured level with 2: perf-log
 // F10-F14 outcome.)
+#ifdef FA4_AB_D256_NO_TURNS
+#error "FA4_AB_D256_NO_TURNS is FA4_AB_NO_TURNS=256 now (perf-log F43)"
+#endif
 #ifndef FA4_AB_NO_TURNS
 #define FA4_AB_NO_TURNS 0
 #endif
+static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64, "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
 
 // F32 (the default since the thirteenth session; 0 in a build's CUDA flags turns it off): a paged call's V tiles
 // issued by a second warp of the producer warpgroup (v_load_role in load.cuh), which follows the published tile
