@@ -509,21 +509,6 @@ TEST(GpuBackwardSm90, DeterministicChainsAreRightAndRepeatable) {
   EXPECT_LT(bytes(nullptr, det_causal, x64), bytes(nullptr, det, x64));
 }
 
-// The backward's paths for a case on the current device (its SM count): descriptors only, validate_inputs reads
-// shapes, never data.
-fa4::sm90::BackwardPaths paths_on_this_device(const BwdCase& c) {
-  int device = 0, sms = 0;
-  EXPECT_EQ(cudaGetDevice(&device), cudaSuccess);
-  EXPECT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
-  static std::vector<uint16_t> buffer(1);
-  const auto desc = [&](int64_t s, int64_t h) {
-    return fa4::Tensor::contiguous(buffer.data(), DType::bf16, fa4::Device::cpu, {c.batch, s, h, c.head_dim});
-  };
-  const auto problem = fa4::detail::validate_inputs("test", desc(c.seqlen_q, c.heads_q), desc(c.seqlen_k, c.heads_kv),
-                                                    desc(c.seqlen_k, c.heads_kv), c.options);
-  return fa4::sm90::backward_paths(problem, false, sms);
-}
-
 // FA4_BWD_DET_ROTATED=1 (perf-log B29): the rotated walk on a persistent cooperative grid, every row: right and
 // bitwise repeatable, and the path the launch takes (asked of backward_paths with this GPU's SM count, so a shape
 // that fell back to the chains would fail here, not pass as the chains). Tails on both sides; grids with many work
@@ -531,8 +516,20 @@ fa4::sm90::BackwardPaths paths_on_this_device(const BwdCase& c) {
 // 32 positions: every block starts on its own position).
 TEST(GpuBackwardSm90, DeterministicRotatedWalkIsRightAndRepeatable) {
   REQUIRE_SM90();
+  int device = 0, sms = 0;
+  ASSERT_EQ(cudaGetDevice(&device), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), cudaSuccess);
   const EnvOverride rotated("FA4_BWD_DET_ROTATED", "1");
-  auto takes_the_rotated_walk = [&](const BwdCase& c) { return paths_on_this_device(c).det_rotated_walk; };
+  auto takes_the_rotated_walk = [&](const BwdCase& c) {
+    static std::vector<uint16_t> buffer(1);  // descriptors only: validate_inputs reads shapes, never data
+    const auto desc = [&](int64_t s, int64_t h) {
+      return fa4::Tensor::contiguous(buffer.data(), DType::bf16, fa4::Device::cpu, {c.batch, s, h, c.head_dim});
+    };
+    const auto problem = fa4::detail::validate_inputs("test", desc(c.seqlen_q, c.heads_q),
+                                                      desc(c.seqlen_k, c.heads_kv), desc(c.seqlen_k, c.heads_kv),
+                                                      c.options);
+    return fa4::sm90::backward_paths(problem, false, sms).det_rotated_walk;
+  };
   auto run = [&](BwdCase c, const std::string& what) {
     SCOPED_TRACE(what);
     c.options.deterministic = true;

@@ -46,7 +46,8 @@
 #ifndef FA4_AB_NO_TURNS
 #define FA4_AB_NO_TURNS 0
 #endif
-static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64, "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
+static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64,
+              "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
 
 // F32 (the default since the thirteenth session; 0 in a build's CUDA flags turns it off): a paged call's V tiles
 // issued by a second warp of the producer warpgroup (v_load_role in load.cuh), which follows the published tile
@@ -151,7 +152,8 @@ struct FwdConfig {
   // Whether the consumer warpgroups take turns at the tensor core (TensorCoreTurn): always with two or three, but
   // for the rows of head dim >= FA4_AB_NO_TURNS under that A/B candidate (FA3 and FA4 drop their scheduler barrier
   // above head dim 128).
-  static constexpr bool kTensorCoreTurns = kConsumerWarpgroups > 1 && !(FA4_AB_NO_TURNS > 0 && kHeadDim >= FA4_AB_NO_TURNS);
+  static constexpr bool kTensorCoreTurns =
+      kConsumerWarpgroups > 1 && !(FA4_AB_NO_TURNS > 0 && kHeadDim >= FA4_AB_NO_TURNS);
   // A/B candidate FA4_AB_REGS (off by default): 24 / 240 (FA3's and FA4's split) for the two-consumer d = 128 and
   // d = 192 rows too.
   static constexpr bool kRegs24x240 = kHeadDim >= 256 || (FA4_AB_REGS && kHeadDim >= 128);
