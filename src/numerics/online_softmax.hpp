@@ -46,18 +46,14 @@ struct RowMaxUpdate {
 // m_old: the row's current reference max (-inf before any visible key); block_max: the max of this block's
 // visible x (-inf if none). tau >= 0 in log2 units.
 FA4_HD RowMaxUpdate update_row_max(float m_old, float block_max, float tau) {
+  // Selects, not branches: the GPU callers reduce two rows at once, and branches (with the quad shuffles'
+  // convergence) kept the compiler from overlapping them (perf-log F41).
+  const bool first = m_old == -INFINITY;  // first visible block: nothing accumulated, nothing to rescale
+  const bool move = !first && block_max - m_old > tau;
   RowMaxUpdate u;
-  if (m_old == -INFINITY) {  // first visible block: nothing accumulated, nothing to rescale
-    u.m = block_max;
-    return u;
-  }
-  if (block_max - m_old > tau) {
-    u.m = block_max;
-    u.log2_scale = m_old - block_max;
-    u.rescaled = true;
-    return u;
-  }
-  u.m = m_old;
+  u.m = first || move ? block_max : m_old;
+  u.log2_scale = move ? m_old - block_max : 0.0f;
+  u.rescaled = move;
   return u;
 }
 

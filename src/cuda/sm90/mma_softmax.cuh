@@ -157,9 +157,8 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
 #endif
   // The two rows together (perf-log F41): each row's max as four partial maxima (eight chains of BlockN / 16 that
   // interleave, where one chain per row of BlockN / 4 ran the rows one after the other), their quad shuffles
-  // issued together, and the correction decision as selects: num::update_row_max's decision (first block: take it;
-  // moved by more than tau: take it and rescale; else keep) without its branches, which with the shuffles'
-  // convergence checks kept the compiler from overlapping the rows. The same bits: a max does not depend on order.
+  // issued together, and the correction decision by num::update_row_max, whose selects (it had branches) let the
+  // compiler overlap the rows. The same bits: a max does not depend on order.
   // Correction: O is multiplied later, and only when some row of this warp moved its max.
   float block_max[2];
   {
@@ -179,13 +178,15 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
   quad_max_pair(block_max);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const float tile_max = Form == ScoreForm::raw_max ? block_max[h] * c : block_max[h], m_old = rows.m[h];
-    const bool first = m_old == -INFINITY, move = !first && tile_max - m_old > p.rescale_threshold;
-    rows.m[h] = first || move ? tile_max : m_old;
-    rescale.factor[h] = move ? exp2_mufu(m_old - tile_max) : 1.0f;
-    any_rescaled = any_rescaled || move;
+    const float m_old = rows.m[h];
+    const num::RowMaxUpdate u = num::update_row_max(
+        m_old, Form == ScoreForm::raw_max ? block_max[h] * c : block_max[h], p.rescale_threshold);
+    rows.m[h] = u.m;
+    // m_old - u.m is u.log2_scale where it is used, and one select fewer (three instructions per tile).
+    rescale.factor[h] = u.rescaled ? exp2_mufu(m_old - u.m) : 1.0f;
+    any_rescaled = any_rescaled || u.rescaled;
 #if FA4_TRACE
-    moved[h] = move;
+    moved[h] = u.rescaled;
 #endif
     rows.l[h] *= rescale.factor[h];
   }
