@@ -46,6 +46,12 @@
 #ifndef FA4_AB_NO_TURNS
 #define FA4_AB_NO_TURNS 0
 #endif
+// A/B candidate (off by default): the d = 256 row with 80-key tiles (FlashAttention-4's Hopper plan: 128×80, two
+// stages, 224 KiB), where 64-key tiles pay a step's fixed costs (waits, turns, the row max's shuffles, the
+// correction vote) over 20% fewer keys (perf-log F44).
+#ifndef FA4_AB_D256_N80
+#define FA4_AB_D256_N80 0
+#endif
 static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64,
               "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
 
@@ -75,7 +81,7 @@ inline constexpr FwdTile kFwdTiles[] = {
     {128, 64, 128, 3, 64},
     {128, 128, 128, 2, 0},
     {192, 128, 96, 2, 0},
-    {256, 128, 64, 2, 0},
+    {256, 128, FA4_AB_D256_N80 ? 80 : 64, 2, 0},
 };
 inline constexpr int kFwdRows = int(sizeof(kFwdTiles) / sizeof(kFwdTiles[0]));
 
