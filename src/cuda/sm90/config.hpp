@@ -52,6 +52,12 @@
 #ifndef FA4_AB_D256_N80
 #define FA4_AB_D256_N80 0
 #endif
+// A/B candidate (off by default): a leaner path from S to the first exp2 (mma_softmax.cuh; perf-log F46): the row
+// max's chains start from their first elements, and the interior body decides the correction without the first-
+// block and safe_max selects (its tiles are fully visible, so the block max is finite).
+#ifndef FA4_AB_LEAN_MAX
+#define FA4_AB_LEAN_MAX 0
+#endif
 static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64,
               "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
 

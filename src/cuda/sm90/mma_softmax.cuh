@@ -163,6 +163,16 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
   float block_max[2];
   {
     float part[2][4];
+#if FA4_AB_LEAN_MAX
+    // F46: each chain starts from its first element (i = 4k + 2h), not from -inf: eight FMNMX fewer on the path
+    // from S to the first exp2. The same bits unless a chain is all NaN (NaN then, not -inf; the row is NaN anyway).
+    static_assert(BlockN / 2 >= 16, "every (row half, chain) pair has an element among the first 16 registers");
+#pragma unroll
+    for (int i = 0; i < BlockN / 2; ++i) {
+      float& acc = part[reg_row_half(i)][(i >> 2) & 3];
+      acc = i < 16 && i % 2 == 0 ? s.reg[i] : fmaxf(acc, s.reg[i]);
+    }
+#else
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -172,6 +182,7 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
       float& acc = part[reg_row_half(i)][(i >> 2) & 3];
       acc = fmaxf(acc, s.reg[i]);
     }
+#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) block_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
   }
@@ -179,8 +190,23 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float m_old = rows.m[h];
+#if FA4_AB_LEAN_MAX
+    // F46, the interior body: a fully visible tile's block max is finite, so a row with no key before it (m_old =
+    // -inf) moves with the rule's difference alone (+inf > tau; its factor exp2(-inf) = 0 scales an O and l of 0),
+    // and the exp2 subtrahend needs no safe_max below: two selects and two compares fewer per row on that path.
+    num::RowMaxUpdate u;
+    if constexpr (Interior) {
+      const float bm = block_max[h] * c;
+      u.rescaled = bm - m_old > p.rescale_threshold;
+      u.m = u.rescaled ? bm : m_old;
+    } else {
+      u = num::update_row_max(m_old, Form == ScoreForm::raw_max ? block_max[h] * c : block_max[h],
+                              p.rescale_threshold);
+    }
+#else
     const num::RowMaxUpdate u = num::update_row_max(
         m_old, Form == ScoreForm::raw_max ? block_max[h] * c : block_max[h], p.rescale_threshold);
+#endif
     rows.m[h] = u.m;
     // m_old - u.m equals u.log2_scale wherever it is used; u.log2_scale itself costs a select more (d = 128
     // interior loop 545 instructions against 544).
@@ -199,7 +225,11 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
 #endif
 
   // P = exp2(x - m), MUFU or emulated per the policy.
+#if FA4_AB_LEAN_MAX
+  const float m_sub[2] = {Interior ? rows.m[0] : num::safe_max(rows.m[0]), Interior ? rows.m[1] : num::safe_max(rows.m[1])};
+#else
   const float m_sub[2] = {num::safe_max(rows.m[0]), num::safe_max(rows.m[1])};
+#endif
   const auto exp2_by_mufu = [&](int i) {  // element i on MUFU: one FFMA (raw_max) or FSUB for its argument
     const int h = reg_row_half(i);
     s.reg[i] = exp2_mufu(Form == ScoreForm::raw_max ? fmaf(s.reg[i], c, -m_sub[h]) : __fsub_rn(s.reg[i], m_sub[h]));
