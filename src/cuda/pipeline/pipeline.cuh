@@ -29,7 +29,8 @@ struct PipelineBarriers {
   alignas(8) uint64_t empty[Stages];
 };
 
-template <int Stages>
+// SuspendHintNs: the suspend-time hint of its waits (ptx::mbarrier_wait_parity; 0: none).
+template <int Stages, uint32_t SuspendHintNs = 0>
 class Pipeline {
  public:
   using State = PipelineState<Stages>;
@@ -50,7 +51,9 @@ class Pipeline {
   }
 
   // Blocks until stage st.index may be overwritten (start the producer at producer_start_state()).
-  __device__ void producer_acquire(State st) const { ptx::mbarrier_wait_parity(&b_.empty[st.index], st.phase); }
+  __device__ void producer_acquire(State st) const {
+    ptx::mbarrier_wait_parity<SuspendHintNs>(&b_.empty[st.index], st.phase);
+  }
 
   // TMA path: the producer's arrival on full[st.index], plus the bytes the stage's TMA loads will deliver. Issue it
   // before (or together with) the loads that signal full_barrier(st); one thread per fill.
@@ -66,7 +69,9 @@ class Pipeline {
   __device__ uint64_t* full_barrier(State st) const { return &b_.full[st.index]; }
 
   // Blocks until stage st.index has been filled (start consumers at consumer_start_state()).
-  __device__ void consumer_wait(State st) const { ptx::mbarrier_wait_parity(&b_.full[st.index], st.phase); }
+  __device__ void consumer_wait(State st) const {
+    ptx::mbarrier_wait_parity<SuspendHintNs>(&b_.full[st.index], st.phase);
+  }
 
   // Non-blocking probe, for consumers that overlap the wait with other work.
   __device__ bool consumer_try_wait(State st) const {
@@ -90,8 +95,9 @@ class Pipeline {
 
 // A warp releases a stage as one consumer unit: one arrival (lane 0) after __syncwarp, so every lane is done
 // with the stage. Rings whose units are warps count one consumer arrival per consumer warp at init.
-template <int Stages>
-__device__ __forceinline__ void release_per_warp(const Pipeline<Stages>& ring, PipelineState<Stages> st) {
+template <int Stages, uint32_t SuspendHintNs>
+__device__ __forceinline__ void release_per_warp(const Pipeline<Stages, SuspendHintNs>& ring,
+                                                 PipelineState<Stages> st) {
   __syncwarp();
   if (threadIdx.x % 32 == 0) ring.consumer_release(st);
 }

@@ -16,13 +16,6 @@
 #ifndef FA4_AB_SPIN
 #define FA4_AB_SPIN 0
 #endif
-// A/B candidate (0 = off, the default): a wait's polls carry this suspend-time hint (ns), as CUTLASS's and
-// FlashAttention-4's waits do (10 ms there): a waiter sleeps until the phase completes instead of waking after the
-// hardware's own limit to spin (an ncu source profile at d = 128, 16k: the producer's V-empty wait polled 3.2 M
-// times, ~10 instructions each on its SM sub-partition, where a consumer warp issues its softmax; perf-log F45).
-#ifndef FA4_AB_WAIT_HINT_NS
-#define FA4_AB_WAIT_HINT_NS 0
-#endif
 
 namespace fa4::ptx {
 
@@ -84,14 +77,19 @@ __device__ __forceinline__ void poll_until(Done done) {
 }
 
 // Blocks until the phase with this parity has completed; traps after FA4_MBARRIER_TIMEOUT_NS.
+// SuspendHintNs > 0: each poll carries that suspend-time hint, as CUTLASS's and FlashAttention-4's waits do (10 ms
+// there): the waiter sleeps until the phase completes (or the hint's time passes) instead of waking after the
+// hardware's own limit to poll again, each poll ~10 instructions with the watchdog's timer on the SM
+// sub-partition a consumer warp issues its softmax from (perf-log F45: the forward's producer polled 3.2 M times
+// at d = 128, 16k). Which waits take it is the caller's measured choice (cuda::Pipeline's parameter).
+template <uint32_t SuspendHintNs = 0>
 __device__ __forceinline__ void mbarrier_wait_parity(uint64_t* bar, uint32_t parity) {
-#if FA4_AB_WAIT_HINT_NS > 0
-  static_assert(FA4_AB_WAIT_HINT_NS < FA4_MBARRIER_TIMEOUT_NS || FA4_MBARRIER_TIMEOUT_NS == 0,
+  static_assert(FA4_MBARRIER_TIMEOUT_NS == 0 || SuspendHintNs < FA4_MBARRIER_TIMEOUT_NS,
                 "a poll's suspend hint must be shorter than the watchdog's limit");
-  poll_until([&] { return ::cuda::ptx::mbarrier_try_wait_parity(bar, parity, uint32_t{FA4_AB_WAIT_HINT_NS}); });
-#else
-  poll_until([&] { return mbarrier_try_wait_parity(bar, parity); });
-#endif
+  if constexpr (SuspendHintNs > 0)
+    poll_until([&] { return ::cuda::ptx::mbarrier_try_wait_parity(bar, parity, SuspendHintNs); });
+  else
+    poll_until([&] { return mbarrier_try_wait_parity(bar, parity); });
 }
 
 }  // namespace fa4::ptx

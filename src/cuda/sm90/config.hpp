@@ -52,11 +52,14 @@
 #ifndef FA4_AB_D256_N80
 #define FA4_AB_D256_N80 0
 #endif
-// A/B candidate (off by default): a leaner path from S to the first exp2 (mma_softmax.cuh; perf-log F46): the row
-// max's chains start from their first elements, and the interior body decides the correction without the first-
-// block and safe_max selects (its tiles are fully visible, so the block max is finite).
-#ifndef FA4_AB_LEAN_MAX
-#define FA4_AB_LEAN_MAX 0
+// The rows of head dim <= FA4_FWD_LEAN_HEAD_DIM (the default, 128, from perf-log F45/F46's A/B: d = 64 +2-6%, d = 128
+// +1-2%, d = 256 -1 to -5% on the H100) wait with a suspend-time hint (FwdConfig::kWaitSuspendHintNs) and take the
+// lean softmax path (kLeanSoftmax, mma_softmax.cuh). 0 turns both off everywhere, 256 on everywhere (the ablation).
+#ifdef FA4_AB_LEAN_MAX
+#error "FA4_AB_LEAN_MAX is FA4_FWD_LEAN_HEAD_DIM now (perf-log F46): the lean path is the default up to d = 128"
+#endif
+#ifndef FA4_FWD_LEAN_HEAD_DIM
+#define FA4_FWD_LEAN_HEAD_DIM 128
 #endif
 static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64,
               "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
@@ -173,6 +176,13 @@ struct FwdConfig {
   static constexpr int kConsumerRegisters =
       kConsumerWarpgroups == 1 ? 248 : kConsumerWarpgroups == 3 ? 160 : (kRegs24x240 ? 240 : 232);
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
+  // F45 and F46 (perf-log), measured together: where they win, every wait of the kernel's rings sleeps in
+  // try_wait (a 10 ms hint, CUTLASS's) instead of polling, and the softmax's chains from S to the first exp2 are
+  // shorter. At d = 256 each alone lost 2-5% at 16k (the two 64-key tile's waits no longer poll, and the lean max
+  // changes its schedule), so the larger rows keep the plain forms.
+  static constexpr bool kLean = kHeadDim <= FA4_FWD_LEAN_HEAD_DIM;
+  static constexpr uint32_t kWaitSuspendHintNs = kLean ? 10'000'000u : 0u;
+  static constexpr bool kLeanSoftmax = kLean;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;

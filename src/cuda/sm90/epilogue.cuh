@@ -113,7 +113,7 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     if (release_q) {
       if (thread == 0) ptx::tma_store_wait_read<0>();
       ptx::named_barrier_sync(barrier, kWarpgroupThreads);
-      release_per_warp(cuda::Pipeline<1>(smem.q_ring), st.q);
+      release_per_warp(FwdRing<Row, 1>(smem.q_ring), st.q);
     }
     return;
   }

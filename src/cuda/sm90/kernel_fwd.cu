@@ -34,7 +34,7 @@ __device__ __forceinline__ Role role_of(int warpgroup) { return warpgroup == 0 ?
 template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void consumer_role(const FwdParams& p, FwdSharedStorage<Row>& smem, int consumer) {
   using Config = FwdConfig<Row>;
-  const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
+  const FwdRing<Row, kTileRingStages> tile_ring(smem.tile_ring);
   auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
   ConsumerStages<Config::kStages> st;
   const bool o_in_q = p.out_tma && !Config::kSeparateOStaging;  // then the epilogue releases Q

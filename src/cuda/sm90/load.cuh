@@ -132,8 +132,8 @@ __device__ __forceinline__ void v_load_role(const FwdParams& p, FwdSharedStorage
   using Config = FwdConfig<Row>;
   if (!ptx::elect_one_sync()) return;
   if (p.seqlen_k > 0) ptx::prefetch_tensormap(&p.v_map);  // as load_role: unencoded without keys
-  const cuda::Pipeline<Config::kStages> v_ring(smem.v_ring);
-  const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
+  const FwdRing<Row, Config::kStages> v_ring(smem.v_ring);
+  const FwdRing<Row, kTileRingStages> tile_ring(smem.tile_ring);
   auto stage = cuda::producer_start_state<Config::kStages>();
   auto tile_stage = cuda::consumer_start_state<kTileRingStages>();
   for (;;) {
@@ -167,7 +167,7 @@ template <int Row, bool Varlen>
 __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<Row>& smem) {
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
-  using Ring = cuda::Pipeline<Config::kStages>;
+  using Ring = FwdRing<Row, Config::kStages>;
   if (!ptx::elect_one_sync()) return;
   trace::Recorder rec(FA4_TRACE_SINK(p), kFwdTraceLoadWriter, true);
 
@@ -179,8 +179,8 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
 
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
   const bool v_elsewhere = paged_v_warp<Varlen>(p);  // F32's define: a paged call's V is the second warp's
-  const cuda::Pipeline<1> q_ring(smem.q_ring);
-  const cuda::Pipeline<kTileRingStages> tile_ring(smem.tile_ring);
+  const FwdRing<Row, 1> q_ring(smem.q_ring);
+  const FwdRing<Row, kTileRingStages> tile_ring(smem.tile_ring);
   auto kv_stage = cuda::producer_start_state<Config::kStages>();
   auto q_stage = cuda::producer_start_state<1>();
   auto tile_stage = cuda::producer_start_state<kTileRingStages>();

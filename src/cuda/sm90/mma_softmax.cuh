@@ -122,7 +122,8 @@ __device__ __forceinline__ ScoreForm score_form(const FwdParams& p) {
 // starting at key0 (col_base: this thread's column-pair offset). Updates m and l; returns O's correction.
 // Every policy test is warp-uniform and sits outside the per-element loops. Interior: the caller knows the tile
 // is unmasked and p.exp2_emulated_per16 == 0, so neither path is compiled in (the steady state's fast body).
-template <ScoreForm Form, int BlockN, bool Interior = false>
+// Lean (FwdConfig::kLeanSoftmax; perf-log F46): the shorter path from S to the first exp2, marked below.
+template <ScoreForm Form, int BlockN, bool Lean, bool Interior = false>
 __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::Mask& mask,
                                                 ptx::WgmmaAccumulator<BlockN>& s, RowState& rows,
                                                 const int64_t (&row)[2], int64_t key0, int col_base, bool masked) {
@@ -163,26 +164,26 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
   float block_max[2];
   {
     float part[2][4];
-#if FA4_AB_LEAN_MAX
-    // F46: each chain starts from its first element (i = 4k + 2h), not from -inf: eight FMNMX fewer on the path
-    // from S to the first exp2. The same bits unless a chain is all NaN (NaN then, not -inf; the row is NaN anyway).
-    static_assert(BlockN / 2 >= 16, "every (row half, chain) pair has an element among the first 16 registers");
+    if constexpr (Lean) {
+      // Each chain starts from its first element (i = 4k + 2h), not from -inf: eight FMNMX fewer on the path
+      // from S to the first exp2. The same bits unless a chain is all NaN (NaN then, not -inf: the row is NaN).
+      static_assert(BlockN / 2 >= 16, "every (row half, chain) pair has an element among the first 16 registers");
 #pragma unroll
-    for (int i = 0; i < BlockN / 2; ++i) {
-      float& acc = part[reg_row_half(i)][(i >> 2) & 3];
-      acc = i < 16 && i % 2 == 0 ? s.reg[i] : fmaxf(acc, s.reg[i]);
+      for (int i = 0; i < BlockN / 2; ++i) {
+        float& acc = part[reg_row_half(i)][(i >> 2) & 3];
+        acc = i < 16 && i % 2 == 0 ? s.reg[i] : fmaxf(acc, s.reg[i]);
+      }
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) part[h][k] = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < BlockN / 2; ++i) {
+        float& acc = part[reg_row_half(i)][(i >> 2) & 3];
+        acc = fmaxf(acc, s.reg[i]);
+      }
     }
-#else
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) part[h][k] = -INFINITY;
-#pragma unroll
-    for (int i = 0; i < BlockN / 2; ++i) {
-      float& acc = part[reg_row_half(i)][(i >> 2) & 3];
-      acc = fmaxf(acc, s.reg[i]);
-    }
-#endif
 #pragma unroll
     for (int h = 0; h < 2; ++h) block_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3]));
   }
@@ -190,12 +191,11 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const float m_old = rows.m[h];
-#if FA4_AB_LEAN_MAX
-    // F46, the interior body: a fully visible tile's block max is finite, so a row with no key before it (m_old =
-    // -inf) moves with the rule's difference alone (+inf > tau; its factor exp2(-inf) = 0 scales an O and l of 0),
-    // and the exp2 subtrahend needs no safe_max below: two selects and two compares fewer per row on that path.
     num::RowMaxUpdate u;
-    if constexpr (Interior) {
+    if constexpr (Lean && Interior) {
+      // A fully visible tile's block max is finite, so a row with no key before it (m_old = -inf) moves by the
+      // rule's difference alone (+inf > tau; its factor exp2(-inf) = 0 scales an O and l of 0), and the exp2
+      // subtrahend needs no safe_max below: a compare and two selects fewer per row on the path to the exp2s.
       const float bm = block_max[h] * c;
       u.rescaled = bm - m_old > p.rescale_threshold;
       u.m = u.rescaled ? bm : m_old;
@@ -203,10 +203,6 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
       u = num::update_row_max(m_old, Form == ScoreForm::raw_max ? block_max[h] * c : block_max[h],
                               p.rescale_threshold);
     }
-#else
-    const num::RowMaxUpdate u = num::update_row_max(
-        m_old, Form == ScoreForm::raw_max ? block_max[h] * c : block_max[h], p.rescale_threshold);
-#endif
     rows.m[h] = u.m;
     // m_old - u.m equals u.log2_scale wherever it is used; u.log2_scale itself costs a select more (d = 128
     // interior loop 545 instructions against 544).
@@ -225,11 +221,9 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
 #endif
 
   // P = exp2(x - m), MUFU or emulated per the policy.
-#if FA4_AB_LEAN_MAX
-  const float m_sub[2] = {Interior ? rows.m[0] : num::safe_max(rows.m[0]), Interior ? rows.m[1] : num::safe_max(rows.m[1])};
-#else
-  const float m_sub[2] = {num::safe_max(rows.m[0]), num::safe_max(rows.m[1])};
-#endif
+  constexpr bool kFiniteMax = Lean && Interior;  // the row max is finite here (above)
+  const float m_sub[2] = {kFiniteMax ? rows.m[0] : num::safe_max(rows.m[0]),
+                          kFiniteMax ? rows.m[1] : num::safe_max(rows.m[1])};
   const auto exp2_by_mufu = [&](int i) {  // element i on MUFU: one FFMA (raw_max) or FSUB for its argument
     const int h = reg_row_half(i);
     s.reg[i] = exp2_mufu(Form == ScoreForm::raw_max ? fmaf(s.reg[i], c, -m_sub[h]) : __fsub_rn(s.reg[i], m_sub[h]));
@@ -284,7 +278,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
                                                  trace::Recorder& rec) {
   using Config = FwdConfig<Row>;
   constexpr int HeadDim = Config::kHeadDim;
-  using Ring = cuda::Pipeline<Config::kStages>;
+  using Ring = FwdRing<Row, Config::kStages>;
   using S = ptx::WgmmaAccumulator<Config::kBlockN>;
   constexpr int kBlockM = Config::kBlockM, kBlockN = Config::kBlockN;
   constexpr int kKSteps = kBlockN / 16;
@@ -314,8 +308,10 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     const bool masked = !tile_pair_fully_visible<kBlockM, kBlockN>(mask, tile.m_block, n_block);
     const int64_t key0 = int64_t(n_block) * kBlockN;
     return form == ScoreForm::raw_max
-               ? softmax_tile<ScoreForm::raw_max, kBlockN>(p, mask, s, rows, row, key0, col_base, masked)
-               : softmax_tile<ScoreForm::transformed, kBlockN>(p, mask, s, rows, row, key0, col_base, masked);
+               ? softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLeanSoftmax>(p, mask, s, rows, row, key0,
+                                                                                 col_base, masked)
+               : softmax_tile<ScoreForm::transformed, kBlockN, Config::kLeanSoftmax>(p, mask, s, rows, row, key0,
+                                                                                     col_base, masked);
   };
   auto softmax = [&](S& s, int32_t n_block) {
     if constexpr (Varlen)
@@ -324,7 +320,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
       return softmax_with(p.mask, s, n_block);
   };
   const Ring k_ring(smem.k_ring), v_ring(smem.v_ring);
-  const cuda::Pipeline<1> q_ring(smem.q_ring);
+  const FwdRing<Row, 1> q_ring(smem.q_ring);
   const TensorCoreTurn<Config::kTensorCoreTurns ? Config::kConsumerWarpgroups : 1> turn(consumer);
   turn.start();
   FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::q);
@@ -387,7 +383,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, n_block);
     const Rescale rescale = [&] {
       if constexpr (decltype(interior)::value)
-        return softmax_tile<ScoreForm::raw_max, kBlockN, /*Interior=*/true>(
+        return softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLeanSoftmax, /*Interior=*/true>(
             p, p.mask, s, rows, row, int64_t(n_block) * kBlockN, col_base, /*masked=*/false);
       else
         return softmax(s, n_block);

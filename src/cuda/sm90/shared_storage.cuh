@@ -29,6 +29,10 @@ struct FwdSharedStorage {
   int32_t tile_slot[kTileRingStages];              // linear tile index; >= num_tiles: no more work
 };
 
+// A ring of row Row's kernel, over one of the barrier sets above: its waits take the row's suspend hint.
+template <int Row, int Stages>
+using FwdRing = cuda::Pipeline<Stages, FwdConfig<Row>::kWaitSuspendHintNs>;
+
 // Bytes to request at launch: the struct plus the slack that lets the kernel round the base up to 1024.
 template <int Row>
 constexpr uint32_t fwd_smem_bytes() {
