@@ -21,16 +21,37 @@ inline constexpr float kExp2C1 = 0.695146143436431884765625f;     // 0x3F31F519
 inline constexpr float kExp2C2 = 0.227564394474029541015625f;     // 0x3E6906A4
 inline constexpr float kExp2C3 = 0.077119089663028717041015625f;  // 0x3D9DF09D
 
+// floor(x) as a float and as an integer, for x in [-2^22, 2^22), by the FMA pipe's arithmetic: x + 1.5·2^23
+// rounded down (toward -inf) lands in [2^23, 2^24), where the float's unit is 1, so it is 1.5·2^23 + floor(x)
+// exactly and its low mantissa bits are floor(x) in two's complement. (floorf and the float-to-int conversion
+// are FRND and F2I on the GPU, both on the XU pipe that MUFU.EX2 uses: an emulation built on them took two XU
+// operations per element where MUFU takes one, perf-log F47.) The host computes the same values with floorf.
+inline constexpr float kFloorMagic = 12582912.0f;  // 1.5·2^23, bits 0x4B400000
+struct FloorSplit {
+  float n;
+  int32_t ni;
+};
+FA4_HD FloorSplit floor_split(float x) {
+#if defined(__CUDA_ARCH__)
+  const float t = __fadd_rd(x, kFloorMagic);
+  return {t - kFloorMagic, bits_as<int32_t>(t) - bits_as<int32_t>(kFloorMagic)};  // the subtraction is exact
+#else
+  const float n = floorf(x);
+  return {n, static_cast<int32_t>(n)};
+#endif
+}
+
 // Valid for x in [-126, 127); x < -126 (below the smallest normal result) gives +0, as the GPU's
-// flush-to-zero does; NaN propagates. Branch-free (selects only) so that CPU loops over it vectorise.
+// flush-to-zero does; NaN propagates. Branch-free (selects only) so that CPU loops over it vectorise; on the
+// GPU it runs on the FMA and integer pipes only (floor_split).
 FA4_HD float exp2_emulated(float x) {
   const float xc = x < -127.0f ? -127.0f : x;  // keeps the exponent arithmetic in range; result zeroed below
-  const float n = floorf(xc);
-  const float f = xc - n;  // exact: f keeps the low bits of x
+  const FloorSplit n = floor_split(xc);
+  const float f = xc - n.n;  // exact: f keeps the low bits of x
   float p = fmaf(kExp2C3, f, kExp2C2);
   p = fmaf(p, f, kExp2C1);
   p = fmaf(p, f, kExp2C0);  // p in [1, 2): biased exponent 127
-  const float r = bits_as<float>(bits_as<int32_t>(p) + (static_cast<int32_t>(n) << 23));
+  const float r = bits_as<float>(bits_as<int32_t>(p) + (n.ni << 23));
   return x >= -126.0f ? r : (x != x ? x : 0.0f);
 }
 

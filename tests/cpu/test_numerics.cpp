@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <vector>
 
 #include "numerics/convert.hpp"
 #include "numerics/exp2.hpp"
@@ -58,6 +59,33 @@ TEST(Exp2Emulation, EdgeCases) {
   EXPECT_EQ(exp2_emulated(-INFINITY), 0.0f);
   EXPECT_TRUE(std::isnan(exp2_emulated(NAN)));
   EXPECT_NEAR(exp2_emulated(8.0f), 256.0f, 0.0f);  // stale max: x up to tau > 0
+}
+
+// The device's floor_split (x + 1.5·2^23 rounded toward -inf, then its bits) against the host's floorf, with the
+// round-down sum modelled exactly here: t, the sum rounded to a float, is 1.5·2^23 plus an integer (the unit there
+// is 1), and when that integer exceeds x (compared exactly in double) the rounded-down sum is the float below.
+TEST(Exp2Emulation, DeviceFloorSplitIsTheHostsFloor) {
+  auto device_model = [](float x) {
+    float t = x + kFloorMagic;
+    if (static_cast<double>(t) - static_cast<double>(kFloorMagic) > static_cast<double>(x))
+      t = std::nextafter(t, -INFINITY);
+    return FloorSplit{t - kFloorMagic, bits_as<int32_t>(t) - bits_as<int32_t>(kFloorMagic)};
+  };
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dist(-127.0f, 127.0f);
+  std::vector<float> xs;
+  for (int i = 0; i < (1 << 20); ++i) xs.push_back(dist(rng));
+  for (int k = -127; k <= 127; ++k)  // integers and their neighbours, where floor changes
+    for (float x : {static_cast<float>(k), std::nextafter(static_cast<float>(k), -INFINITY),
+                    std::nextafter(static_cast<float>(k), INFINITY)})
+      xs.push_back(x);
+  for (float x : {-0.0f, 1e-30f, -1e-30f, 4194303.5f, -4194304.0f}) xs.push_back(x);
+  for (float x : xs) {
+    const FloorSplit host = floor_split(x), dev = device_model(x);
+    ASSERT_EQ(host.n, dev.n) << "x = " << x;  // as values: -0 floors to -0 here and to +0 there (f is then
+                                              // +0 or -0, and the polynomial of either is the same bits)
+    ASSERT_EQ(host.ni, dev.ni) << "x = " << x;
+  }
 }
 
 TEST(Exp2Accurate, FullFp32AccuracyAndEdges) {
