@@ -29,6 +29,12 @@
 
 #include "cuda/sm90/config.hpp"
 
+// A/B candidate (0 = off, the default): the backward's ring waits and dQ staging waits with this suspend-time
+// hint (ns), as the forward's rows up to d = 128 wait since F45 (perf-log B33; measured for the forward only).
+#ifndef FA4_AB_BWD_WAIT_HINT_NS
+#define FA4_AB_BWD_WAIT_HINT_NS 0
+#endif
+
 // B27 (the default since the thirteenth session; 0 in a build's CUDA flags restores one buffer): the d = 64 row
 // with two deterministic staging buffers (B23's), which fit only without the launch's 1024-byte alignment slack:
 // that row then takes the dynamic shared memory base as it is and traps if it is not 1024-byte aligned
@@ -206,6 +212,7 @@ struct BwdConfig {
   static constexpr int kProducerRegisters = 24;  // the load warp and the dQ writer warp
   static constexpr int kConsumerRegisters = 240;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;
+  static constexpr uint32_t kWaitSuspendHintNs = FA4_AB_BWD_WAIT_HINT_NS;  // cuda::Pipeline's (B33, off)
 
   // dQ = dS·K: (block_m/64)·(head_dim/64) units of 64 × 64, split evenly over the warpgroups, each taking
   // consecutive units of one 64-row chunk (one wgmma of N = 64·units). Column-split rows: a warpgroup's units

@@ -188,11 +188,11 @@ class DqStager {
   __device__ float* take_buffer() {
     if (two_buffers_) {
       const int buffer = int(ring_.index);
-      ptx::mbarrier_wait_parity(empty_ + buffer * Config::kConsumerWarpgroups, ring_.phase);
+      ptx::mbarrier_wait_parity<Config::kWaitSuspendHintNs>(empty_ + buffer * Config::kConsumerWarpgroups, ring_.phase);
       ++ring_;
       return buffer == 0 ? staging_ : second_;
     }
-    ptx::mbarrier_wait_parity(empty_, single_.phase);
+    ptx::mbarrier_wait_parity<Config::kWaitSuspendHintNs>(empty_, single_.phase);
     ++single_;
     return staging_;
   }

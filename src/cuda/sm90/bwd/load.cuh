@@ -54,9 +54,9 @@ __device__ __forceinline__ void bwd_load_role(const BwdParams& p, BwdSharedStora
   trace::Recorder rec(FA4_TRACE_SINK(p), kBwdTraceLoadWriter, true);
   ptx::prefetch_tensormap(&p.q_map);
   ptx::prefetch_tensormap(&p.dout_map);
-  const cuda::Pipeline<1> kv_ring(smem.kv_ring);
+  const BwdRing<Row, 1> kv_ring(smem.kv_ring);
   auto kv_stage = cuda::producer_start_state<1>();
-  const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
+  const BwdRing<Row, Config::kStages> q_ring(smem.q_ring);
   const uint32_t rank = p.cluster_pair ? ptx::cluster_ctarank() : 0u;
   auto stage = cuda::producer_start_state<Config::kStages>();
   for_each_work_item<BlockM, BlockN, Varlen>(p, [&](const auto& work) {

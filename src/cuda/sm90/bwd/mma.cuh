@@ -71,7 +71,7 @@ __device__ __forceinline__ void bwd_mma_walk(const BwdParams& p, BwdSharedStorag
   const uint32_t k_rows = smem_address(smem.k) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
   const uint32_t v_rows = smem_address(smem.v) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
 
-  const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
+  const BwdRing<Row, Config::kStages> q_ring(smem.q_ring);
   for (TileWalk walk(p, work); walk.more(); walk.next(p, work)) {
     const int32_t h = walk.head, m_block = walk.m_block;
     const int64_t row_base = work.template ws_row_base<BlockM>(p, h);  // the head's dQ accumulator rows
@@ -147,7 +147,7 @@ template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void bwd_key_split_consumer(const BwdParams& p, BwdSharedStorage<Row>& smem, int consumer) {
   using Config = BwdConfig<Row>;
   trace::Recorder rec(FA4_TRACE_SINK(p), bwd_trace_consumer_writer(consumer), threadIdx.x % kWarpgroupThreads == 0);
-  const cuda::Pipeline<1> kv_ring(smem.kv_ring);
+  const BwdRing<Row, 1> kv_ring(smem.kv_ring);
   auto kv_stage = cuda::consumer_start_state<1>();
   auto stage = cuda::consumer_start_state<Config::kStages>();
   DqStager<Row> dq_stager(smem, p, consumer);

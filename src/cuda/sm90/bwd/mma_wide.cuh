@@ -66,9 +66,9 @@ __device__ __forceinline__ void bwd_wide_consumer(const BwdParams& p, BwdSharedS
   const int col_base = 2 * (thread % 4);
   const int query_half = consumer * kQueries;
   const uint32_t k_tile = smem_address(smem.k), v_tile = smem_address(smem.v);
-  const cuda::Pipeline<1> kv_ring(smem.kv_ring);
+  const BwdRing<Row, 1> kv_ring(smem.kv_ring);
   auto kv_stage = cuda::consumer_start_state<1>();
-  const cuda::Pipeline<Config::kStages> q_ring(smem.q_ring);
+  const BwdRing<Row, Config::kStages> q_ring(smem.q_ring);
   auto stage = cuda::consumer_start_state<Config::kStages>();
   const DqRegisterAdder<Row> dq_adder(consumer, first_chunk);
   int buffer = 0;

@@ -14,6 +14,10 @@
 
 namespace fa4::sm90 {
 
+// A ring of the backward kernel of row Row: its waits take the row's suspend hint (BwdConfig::kWaitSuspendHintNs).
+template <int Row, int Stages>
+using BwdRing = cuda::Pipeline<Stages, BwdConfig<Row>::kWaitSuspendHintNs>;
+
 // What the two row kinds keep beside dSᵀ: each warpgroup's dQ staging buffer (key-split rows), or Pᵀ (column-split
 // rows: both warpgroups read all of it as dV's A operand), double-buffered like dSᵀ.
 // With the CTA pair, dq_incoming receives the half of each slab that this CTA adds for both (the peer's bulk
