@@ -166,7 +166,8 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
     float part[2][4];
     if constexpr (Lean) {
       // Each chain starts from its first element (i = 4k + 2h), not from -inf: eight FMNMX fewer on the path
-      // from S to the first exp2. The same bits unless a chain is all NaN (NaN then, not -inf: the row is NaN).
+      // from S to the first exp2. The same bits unless every score of the row's tile is NaN (its max is then
+      // NaN, not -inf; the row's output is NaN either way).
       static_assert(BlockN / 2 >= 16, "every (row half, chain) pair has an element among the first 16 registers");
 #pragma unroll
       for (int i = 0; i < BlockN / 2; ++i) {
@@ -196,6 +197,7 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
       // A fully visible tile's block max is finite, so a row with no key before it (m_old = -inf) moves by the
       // rule's difference alone (+inf > tau; its factor exp2(-inf) = 0 scales an O and l of 0), and the exp2
       // subtrahend needs no safe_max below: a compare and two selects fewer per row on the path to the exp2s.
+      // (Only infinite scores, outside the inputs' domain, could make it -inf: that row would be NaN, not 0.)
       const float bm = block_max[h] * c;
       u.rescaled = bm - m_old > p.rescale_threshold;
       u.m = u.rescaled ? bm : m_old;
