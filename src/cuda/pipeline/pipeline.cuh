@@ -19,6 +19,13 @@
 #include "cuda/ptx/fence.cuh"
 #include "cuda/ptx/mbarrier.cuh"
 
+// A/B candidate (off by default): a ring's suspend hint on the producer's waits only (empty barriers); the
+// consumers' waits poll without one. ncu of F45's default (d = 128, 16k) puts 3.4% of the stall samples on the
+// consumers' hinted K/V waits, where the unhinted ones held 0.2% (perf-log F48).
+#ifndef FA4_AB_HINT_PRODUCER_ONLY
+#define FA4_AB_HINT_PRODUCER_ONLY 0
+#endif
+
 namespace fa4::cuda {
 
 // The barriers of one ring, placed in the kernel's shared-storage struct.
@@ -70,7 +77,7 @@ class Pipeline {
 
   // Blocks until stage st.index has been filled (start consumers at consumer_start_state()).
   __device__ void consumer_wait(State st) const {
-    ptx::mbarrier_wait_parity<SuspendHintNs>(&b_.full[st.index], st.phase);
+    ptx::mbarrier_wait_parity<FA4_AB_HINT_PRODUCER_ONLY ? 0u : SuspendHintNs>(&b_.full[st.index], st.phase);
   }
 
   // Non-blocking probe, for consumers that overlap the wait with other work.
