@@ -52,9 +52,9 @@
 #ifndef FA4_AB_D256_N80
 #define FA4_AB_D256_N80 0
 #endif
-// The rows of head dim <= FA4_FWD_LEAN_HEAD_DIM (the default, 128, from perf-log F45/F46's A/B: d = 64 +2-6%, d = 128
-// +1-2%, d = 256 -1 to -5% on the H100) wait with a suspend-time hint (FwdConfig::kWaitSuspendHintNs) and take the
-// lean softmax path (kLeanSoftmax, mma_softmax.cuh). 0 turns both off everywhere, 256 on everywhere (the ablation).
+// The rows of head dim <= FA4_FWD_LEAN_HEAD_DIM (the default, 128, from perf-log F45/F46's A/B on the H100: d = 64
+// +3.5-5%, d = 128 +0-2%, d = 256 -1 to -5%) wait with a suspend-time hint (FwdConfig::kWaitSuspendHintNs) and take
+// the lean softmax path (FwdConfig::kLean, mma_softmax.cuh). 0 turns both off everywhere, 256 on everywhere.
 #ifdef FA4_AB_LEAN_MAX
 #error "FA4_AB_LEAN_MAX is FA4_FWD_LEAN_HEAD_DIM now (perf-log F46): the lean path is the default up to d = 128"
 #endif
@@ -178,11 +178,9 @@ struct FwdConfig {
   static constexpr int kThreads = kWarpgroupThreads * (kProducerWarpgroups + kConsumerWarpgroups);
   // F45 and F46 (perf-log), measured together: where they win, every wait of the kernel's rings sleeps in
   // try_wait (a 10 ms hint, CUTLASS's) instead of polling, and the softmax's chains from S to the first exp2 are
-  // shorter. At d = 256 each alone lost 2-5% at 16k (the two 64-key tile's waits no longer poll, and the lean max
-  // changes its schedule), so the larger rows keep the plain forms.
+  // shorter. At d = 256 each alone lost 2-5% at 16k, so the larger rows keep the plain forms.
   static constexpr bool kLean = kHeadDim <= FA4_FWD_LEAN_HEAD_DIM;
   static constexpr uint32_t kWaitSuspendHintNs = kLean ? 10'000'000u : 0u;
-  static constexpr bool kLeanSoftmax = kLean;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;

@@ -122,7 +122,7 @@ __device__ __forceinline__ ScoreForm score_form(const FwdParams& p) {
 // starting at key0 (col_base: this thread's column-pair offset). Updates m and l; returns O's correction.
 // Every policy test is warp-uniform and sits outside the per-element loops. Interior: the caller knows the tile
 // is unmasked and p.exp2_emulated_per16 == 0, so neither path is compiled in (the steady state's fast body).
-// Lean (FwdConfig::kLeanSoftmax; perf-log F46): the shorter path from S to the first exp2, marked below.
+// Lean (FwdConfig::kLean; perf-log F46): the shorter path from S to the first exp2, marked below.
 template <ScoreForm Form, int BlockN, bool Lean, bool Interior = false>
 __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::Mask& mask,
                                                 ptx::WgmmaAccumulator<BlockN>& s, RowState& rows,
@@ -310,10 +310,9 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     const bool masked = !tile_pair_fully_visible<kBlockM, kBlockN>(mask, tile.m_block, n_block);
     const int64_t key0 = int64_t(n_block) * kBlockN;
     return form == ScoreForm::raw_max
-               ? softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLeanSoftmax>(p, mask, s, rows, row, key0,
-                                                                                 col_base, masked)
-               : softmax_tile<ScoreForm::transformed, kBlockN, Config::kLeanSoftmax>(p, mask, s, rows, row, key0,
-                                                                                     col_base, masked);
+               ? softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLean>(p, mask, s, rows, row, key0, col_base, masked)
+               : softmax_tile<ScoreForm::transformed, kBlockN, Config::kLean>(p, mask, s, rows, row, key0, col_base,
+                                                                             masked);
   };
   auto softmax = [&](S& s, int32_t n_block) {
     if constexpr (Varlen)
@@ -385,7 +384,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, n_block);
     const Rescale rescale = [&] {
       if constexpr (decltype(interior)::value)
-        return softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLeanSoftmax, /*Interior=*/true>(
+        return softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLean, /*Interior=*/true>(
             p, p.mask, s, rows, row, int64_t(n_block) * kBlockN, col_base, /*masked=*/false);
       else
         return softmax(s, n_block);
