@@ -61,6 +61,12 @@
 #ifndef FA4_FWD_LEAN_HEAD_DIM
 #define FA4_FWD_LEAN_HEAD_DIM 128
 #endif
+// A/B candidate (off by default; perf-log F49): each consumer warpgroup walks the K/V tiles its own 64 rows see and
+// sits out the rest of the tile's range (their waits and turns only): a causal tile's last K/V tiles are fully
+// masked for its first rows, and a tile's rows past seqlen_q see nothing at all.
+#ifndef FA4_AB_CONSUMER_RANGES
+#define FA4_AB_CONSUMER_RANGES 0
+#endif
 static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64,
               "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
 
@@ -181,6 +187,8 @@ struct FwdConfig {
   // shorter. At d = 256 each alone lost 2-5% at 16k, so the larger rows keep the plain forms.
   static constexpr bool kLean = kHeadDim <= FA4_FWD_LEAN_HEAD_DIM;
   static constexpr uint32_t kWaitSuspendHintNs = kLean ? 10'000'000u : 0u;
+  // FA4_AB_CONSUMER_RANGES: consumers with ranges of their own (mma_softmax.cuh); a lone consumer's rows are the tile's.
+  static constexpr bool kConsumerRanges = FA4_AB_CONSUMER_RANGES && kConsumerWarpgroups > 1;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;

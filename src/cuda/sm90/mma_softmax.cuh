@@ -292,6 +292,18 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const int64_t row0 = int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM + ptx::accumulator_row(thread, 0);
   const int64_t row[2] = {row0, row0 + 8};
   const int col_base = 2 * (thread % 4);
+  // Config::kConsumerRanges (perf-log F49): this warpgroup stops at the end of its own rows' keys (own_end) and
+  // sits out the range's later tiles (their waits and turns only), and tells visible tiles by its own 64 rows.
+  // Otherwise own_end is the range's end and the visibility tests take the tile's rows.
+  const num::Mask& call_mask = Varlen ? geo.mask : p.mask;
+  constexpr int kVisibilityRows = Config::kConsumerRanges ? kWgmmaM : kBlockM;
+  const int32_t visibility_block =
+      Config::kConsumerRanges ? tile.m_block * Config::kConsumerWarpgroups + consumer : tile.m_block;
+  const int32_t own_end =
+      Config::kConsumerRanges
+          ? rows_kv_end(call_mask, Varlen ? int64_t(geo.seqlen_q) : int64_t(p.seqlen_q),
+                        int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM, kWgmmaM, kBlockN, range)
+          : range.end;
 
   const uint32_t q_rows =
       static_cast<uint32_t>(__cvta_generic_to_shared(smem.q)) + uint32_t(consumer) * kWgmmaM * ptx::kSw128RowBytes;
@@ -307,7 +319,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   };
   const ScoreForm form = score_form(p);
   auto softmax_with = [&](const num::Mask& mask, S& s, int32_t n_block) {
-    const bool masked = !tile_pair_fully_visible<kBlockM, kBlockN>(mask, tile.m_block, n_block);
+    const bool masked = !tile_pair_fully_visible<kVisibilityRows, kBlockN>(mask, visibility_block, n_block);
     const int64_t key0 = int64_t(n_block) * kBlockN;
     return form == ScoreForm::raw_max
                ? softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLean>(p, mask, s, rows, row, key0, col_base, masked)
@@ -330,111 +342,136 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   auto s_done = [&](int32_t n_block) {  // the S of n_block has landed: its K (and after the last, Q) is free
     release_per_warp(k_ring, st.k);
     ++st.k;
-    if (n_block == range.end - 1 && release_q) release_per_warp(q_ring, st.q);
+    if (n_block == own_end - 1 && release_q) release_per_warp(q_ring, st.q);
   };
-
-  // Prologue: S of the first tile, its softmax; nothing to overlap with yet.
-  ptx::WgmmaFragmentA p_frag[kKSteps];
-  {
-    S s;
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
-    k_ring.consumer_wait(st.k);
-    // FA4_FWD_PROLOGUE_TURN=0: outside the turns (every consumer then takes one turn per K/V tile, from the first
-    // steady step or the tail, so each barrier stays balanced).
-    if (p.prologue_turn) turn.wait();
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
-    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
-    FA4_TRACE_RECORD(rec, trace::Kind::s_issue, range.begin);
-    if (p.prologue_turn) turn.hand_over(false);
-    ptx::wgmma_wait_group<0>();
-    ptx::wgmma_fence_operand(s);
-    FA4_TRACE_RECORD(rec, trace::Kind::s_done, range.begin);
-    s_done(range.begin);
-    FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, range.begin);
-    softmax(s, range.begin);
-    FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, range.begin);
+  // F49: a warpgroup whose rows see none of the range's keys (rows past seqlen_q, or a later split's keys) gives
+  // Q back and takes its prologue turn, then only sits out the tiles below.
+  if (Config::kConsumerRanges && own_end == range.begin) {
+    if (release_q) release_per_warp(q_ring, st.q);
+    if (p.prologue_turn) {
+      turn.wait();
+      turn.hand_over(false);
+    }
+  } else {
+    // Prologue: S of the first tile, its softmax; nothing to overlap with yet.
+    ptx::WgmmaFragmentA p_frag[kKSteps];
+    {
+      S s;
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
+      k_ring.consumer_wait(st.k);
+      // FA4_FWD_PROLOGUE_TURN=0: outside the turns (every consumer then takes one turn per K/V tile, from the first
+      // steady step or the tail, so each barrier stays balanced).
+      if (p.prologue_turn) turn.wait();
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
+      issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
+      FA4_TRACE_RECORD(rec, trace::Kind::s_issue, range.begin);
+      if (p.prologue_turn) turn.hand_over(false);
+      ptx::wgmma_wait_group<0>();
+      ptx::wgmma_fence_operand(s);
+      FA4_TRACE_RECORD(rec, trace::Kind::s_done, range.begin);
+      s_done(range.begin);
+      FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, range.begin);
+      softmax(s, range.begin);
+      FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, range.begin);
 #pragma unroll
-    for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
-  }
+      for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
+    }
 
-  // Steady state: S of tile n and P·V of tile n - 1 in flight together; the softmax of n under the P·V.
-  // One step as a lambda, compiled twice: interior (std::true_type) for a fully visible tile of a raw_max call
-  // without exp2 emulation, whose softmax has no mask, score-form or emulation code at all (FA3 and FA4 peel
-  // their masked tiles likewise); the general body for every other tile. 7-15% faster at every head dim than
-  // one body with run-time choices (perf-log F6).
-  auto steady_step = [&](int32_t n_block, auto interior) {
-    S s;
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
-    k_ring.consumer_wait(st.k);
-    turn.wait();
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
-    issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
-    FA4_TRACE_RECORD(rec, trace::Kind::s_issue, n_block);
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
-    v_ring.consumer_wait(st.v);
-    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
-    FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, n_block - 1);
-    turn.hand_over(false);
+    // Steady state: S of tile n and P·V of tile n - 1 in flight together; the softmax of n under the P·V.
+    // One step as a lambda, compiled twice: interior (std::true_type) for a fully visible tile of a raw_max call
+    // without exp2 emulation, whose softmax has no mask, score-form or emulation code at all (FA3 and FA4 peel
+    // their masked tiles likewise); the general body for every other tile. 7-15% faster at every head dim than
+    // one body with run-time choices (perf-log F6).
+    auto steady_step = [&](int32_t n_block, auto interior) {
+      S s;
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::k);
+      k_ring.consumer_wait(st.k);
+      turn.wait();
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::k);
+      issue_qk<In, HeadDim, kBlockN>(s, q_rows, kQChunkBytes, k_addr(st.k.index));
+      FA4_TRACE_RECORD(rec, trace::Kind::s_issue, n_block);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
+      v_ring.consumer_wait(st.v);
+      FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
+      issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
+      FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, n_block - 1);
+      turn.hand_over(false);
 
-    ptx::wgmma_wait_group<1>();  // S landed; P·V may still run
-    ptx::wgmma_fence_operand(s);
-    FA4_TRACE_RECORD(rec, trace::Kind::s_done, n_block);
-    s_done(n_block);
-    FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, n_block);
-    const Rescale rescale = [&] {
-      if constexpr (decltype(interior)::value)
-        return softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLean, /*Interior=*/true>(
-            p, p.mask, s, rows, row, int64_t(n_block) * kBlockN, col_base, /*masked=*/false);
-      else
-        return softmax(s, n_block);
-    }();
-    FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, n_block);
-    FA4_TRACE_RECORD(rec, rescale.any ? trace::Kind::rescale_taken : trace::Kind::rescale_skipped, n_block);
+      ptx::wgmma_wait_group<1>();  // S landed; P·V may still run
+      ptx::wgmma_fence_operand(s);
+      FA4_TRACE_RECORD(rec, trace::Kind::s_done, n_block);
+      s_done(n_block);
+      FA4_TRACE_RECORD(rec, trace::Kind::softmax_begin, n_block);
+      const Rescale rescale = [&] {
+        if constexpr (decltype(interior)::value)
+          return softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLean, /*Interior=*/true>(
+              p, p.mask, s, rows, row, int64_t(n_block) * kBlockN, col_base, /*masked=*/false);
+        else
+          return softmax(s, n_block);
+      }();
+      FA4_TRACE_RECORD(rec, trace::Kind::softmax_end, n_block);
+      FA4_TRACE_RECORD(rec, rescale.any ? trace::Kind::rescale_taken : trace::Kind::rescale_skipped, n_block);
 #if FA4_TRACE
-    if (rescale.any) FA4_TRACE_RECORD(rec, trace::Kind::rescale_rows, rescale.rows_moved);
+      if (rescale.any) FA4_TRACE_RECORD(rec, trace::Kind::rescale_rows, rescale.rows_moved);
 #endif
 
-    ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
-    ptx::wgmma_fence_operand(o);
-    FA4_TRACE_RECORD(rec, trace::Kind::pv_done, n_block - 1);
+      ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
+      ptx::wgmma_fence_operand(o);
+      FA4_TRACE_RECORD(rec, trace::Kind::pv_done, n_block - 1);
 #pragma unroll
-    for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
+      for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
+      release_per_warp(v_ring, st.v);
+      ++st.v;
+      apply_rescale<HeadDim>(o, rescale);
+#pragma unroll
+      for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
+    };
+    // The fully visible tiles [fast_begin, fast_end) of [range.begin + 1, own_end) (visibility.hpp: one run);
+    // the others run the general body. Empty unless the call is in the interior body's case.
+    int32_t fast_begin = own_end, fast_end = own_end;
+    if (form == ScoreForm::raw_max && p.exp2_emulated_per16 == 0) {
+      const TileRun run =
+          fully_visible_run<kVisibilityRows, kBlockN>(call_mask, visibility_block, range.begin + 1, own_end);
+      fast_begin = run.begin, fast_end = run.end;
+    }
+    // General tiles up to the run, the run, then general tiles to the end (two copies of the body, not three).
+    int32_t n_block = range.begin + 1;
+    while (n_block < own_end) {
+      const int32_t general_end = n_block < fast_end ? fast_begin : own_end;
+      for (; n_block < general_end; ++n_block) steady_step(n_block, std::false_type{});
+      for (; n_block < fast_end; ++n_block) steady_step(n_block, std::true_type{});
+    }
+
+    // Tail: the last tile's P·V.
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
+    v_ring.consumer_wait(st.v);
+    turn.wait();
+    FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
+    issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
+    FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, own_end - 1);
+    turn.hand_over(/*last_turn=*/Config::kConsumerRanges ? own_end == range.end : true);
+    ptx::wgmma_wait_group<0>();
+    ptx::wgmma_fence_operand(o);
+    FA4_TRACE_RECORD(rec, trace::Kind::pv_done, own_end - 1);
     release_per_warp(v_ring, st.v);
     ++st.v;
-    apply_rescale<HeadDim>(o, rescale);
-#pragma unroll
-    for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
-  };
-  // The fully visible tiles [fast_begin, fast_end) of [range.begin + 1, range.end) (visibility.hpp: one run);
-  // the others run the general body. Empty unless the call is in the interior body's case.
-  int32_t fast_begin = range.end, fast_end = range.end;
-  if (form == ScoreForm::raw_max && p.exp2_emulated_per16 == 0) {
-    const TileRun run = fully_visible_run<kBlockM, kBlockN>(Varlen ? geo.mask : p.mask, tile.m_block,
-                                                             range.begin + 1, range.end);
-    fast_begin = run.begin, fast_end = run.end;
-  }
-  // General tiles up to the run, the run, then general tiles to the end (two copies of the body, not three).
-  int32_t n_block = range.begin + 1;
-  while (n_block < range.end) {
-    const int32_t general_end = n_block < fast_end ? fast_begin : range.end;
-    for (; n_block < general_end; ++n_block) steady_step(n_block, std::false_type{});
-    for (; n_block < fast_end; ++n_block) steady_step(n_block, std::true_type{});
   }
 
-  // Tail: the last tile's P·V.
-  FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
-  v_ring.consumer_wait(st.v);
-  turn.wait();
-  FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
-  issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
-  FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, range.end - 1);
-  turn.hand_over(true);
-  ptx::wgmma_wait_group<0>();
-  ptx::wgmma_fence_operand(o);
-  FA4_TRACE_RECORD(rec, trace::Kind::pv_done, range.end - 1);
-  release_per_warp(v_ring, st.v);
-  ++st.v;
+  // F49: the range's tiles past this warpgroup's rows' keys (fully masked for them: P would be 0): each one's
+  // stages released once full (a release before the fill could count toward the stage's previous phase) and
+  // its turn passed on, so the rings and the turn barriers stay balanced with the other warpgroups.
+  if constexpr (Config::kConsumerRanges) {
+    for (int32_t idle = own_end; idle < range.end; ++idle) {
+      k_ring.consumer_wait(st.k);
+      turn.wait();
+      turn.hand_over(/*last_turn=*/idle == range.end - 1);
+      release_per_warp(k_ring, st.k);
+      ++st.k;
+      v_ring.consumer_wait(st.v);
+      release_per_warp(v_ring, st.v);
+      ++st.v;
+    }
+  }
 }
 
 }  // namespace fa4::sm90
