@@ -302,7 +302,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const int32_t own_end =
       Config::kConsumerRanges
           ? rows_kv_end(call_mask, Varlen ? int64_t(geo.seqlen_q) : int64_t(p.seqlen_q),
-                        int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM, kWgmmaM, kBlockN, range)
+                        int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM, kWgmmaM, kBlockN, range.begin,
+                        range.end)
           : range.end;
 
   const uint32_t q_rows =

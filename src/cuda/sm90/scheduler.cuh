@@ -117,18 +117,6 @@ __device__ __forceinline__ KvTileRange kv_tile_range_in_sequence(const FwdParams
   return r;
 }
 
-// The end of the K/V tiles of `range` that the `rows` query rows from row0 see (their valid rows' union; a row's
-// key end grows with the row, so the last valid row decides), clamped into [range.begin, range.end]: range.begin
-// when none of them is valid (row0 >= seqlen_q) or sees a key of the range. Every tile past it is fully masked
-// for those rows (perf-log F49: a consumer warpgroup's own end).
-__device__ __forceinline__ int32_t rows_kv_end(const num::Mask& mask, int64_t seqlen_q, int64_t row0, int rows,
-                                               int block_n, const KvTileRange& range) {
-  if (row0 >= seqlen_q) return range.begin;
-  const int64_t row_last = (row0 + rows < seqlen_q ? row0 + rows : seqlen_q) - 1;
-  const int64_t end = (mask.key_end(row_last) + block_n - 1) / block_n;
-  return int32_t(end < range.begin ? range.begin : end > range.end ? range.end : end);
-}
-
 // The tile's K/V tiles for a consumer: a dense tile's from p (geo untouched), a varlen tile's from its sequence
 // (geo filled in for the caller). The dense kernels' SASS is the same as with kv_tile_range called directly.
 template <int BlockM, int BlockN, bool Varlen>
