@@ -187,8 +187,10 @@ struct FwdConfig {
   // shorter. At d = 256 each alone lost 2-5% at 16k, so the larger rows keep the plain forms.
   static constexpr bool kLean = kHeadDim <= FA4_FWD_LEAN_HEAD_DIM;
   static constexpr uint32_t kWaitSuspendHintNs = kLean ? 10'000'000u : 0u;
-  // FA4_AB_CONSUMER_RANGES: consumers with ranges of their own (mma_softmax.cuh); a lone consumer's rows are the tile's.
-  static constexpr bool kConsumerRanges = FA4_AB_CONSUMER_RANGES && kConsumerWarpgroups > 1;
+  // FA4_AB_CONSUMER_RANGES: consumers with ranges of their own (mma_softmax.cuh), on the rows whose tiles are not
+  // square (d = 64 192×128, d = 192, d = 256), where a causal tile's first consumer has keys to skip. A lone
+  // consumer's rows are the tile's; where block_m = block_n every consumer's causal rows reach the last tile.
+  static constexpr bool kConsumerRanges = FA4_AB_CONSUMER_RANGES && kConsumerWarpgroups > 1 && kBlockM != kBlockN;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;

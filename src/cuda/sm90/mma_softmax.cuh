@@ -261,6 +261,32 @@ __device__ __forceinline__ Rescale softmax_tile(const FwdParams& p, const num::M
   return rescale;
 }
 
+// F49: a consumer warpgroup sits out the K/V tiles [first, last) of its work tile (fully masked for its rows: P
+// would be 0): each stage released once full (a release before the fill could count toward the stage's previous
+// phase) and each turn passed on, so the rings and the turn barriers stay balanced with the other warpgroups.
+// Not inlined: inlined after the main loop, it made the d = 64 192-row loop spill its ring states (5 LDL and
+// 2 STL more per step); the call costs a few instructions per work tile, once.
+template <int Stages>
+struct RingStates {
+  cuda::PipelineState<Stages> k, v;
+};
+template <class Ring, class Turn, int Stages>
+__device__ __noinline__ RingStates<Stages> sit_out(const Ring k_ring, const Ring v_ring, const Turn turn,
+                                                   cuda::PipelineState<Stages> k, cuda::PipelineState<Stages> v,
+                                                   int32_t first, int32_t last) {
+  for (int32_t n = first; n < last; ++n) {
+    k_ring.consumer_wait(k);
+    turn.wait();
+    turn.hand_over(/*last_turn=*/n == last - 1);
+    release_per_warp(k_ring, k);
+    ++k;
+    v_ring.consumer_wait(v);
+    release_per_warp(v_ring, v);
+    ++v;
+  }
+  return {k, v};
+}
+
 // A consumer warpgroup's positions in the rings it reads; they carry over from one work tile to the next.
 template <int Stages>
 struct ConsumerStages {
@@ -293,12 +319,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const int64_t row[2] = {row0, row0 + 8};
   const int col_base = 2 * (thread % 4);
   // Config::kConsumerRanges (perf-log F49): this warpgroup stops at the end of its own rows' keys (own_end) and
-  // sits out the range's later tiles (their waits and turns only), and tells visible tiles by its own 64 rows.
-  // Otherwise own_end is the range's end and the visibility tests take the tile's rows.
+  // sits out the range's later tiles (sit_out); otherwise own_end is the range's end.
   const num::Mask& call_mask = Varlen ? geo.mask : p.mask;
-  constexpr int kVisibilityRows = Config::kConsumerRanges ? kWgmmaM : kBlockM;
-  const int32_t visibility_block =
-      Config::kConsumerRanges ? tile.m_block * Config::kConsumerWarpgroups + consumer : tile.m_block;
   const int32_t own_end =
       Config::kConsumerRanges
           ? rows_kv_end(call_mask, Varlen ? int64_t(geo.seqlen_q) : int64_t(p.seqlen_q),
@@ -320,7 +342,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   };
   const ScoreForm form = score_form(p);
   auto softmax_with = [&](const num::Mask& mask, S& s, int32_t n_block) {
-    const bool masked = !tile_pair_fully_visible<kVisibilityRows, kBlockN>(mask, visibility_block, n_block);
+    const bool masked = !tile_pair_fully_visible<kBlockM, kBlockN>(mask, tile.m_block, n_block);
     const int64_t key0 = int64_t(n_block) * kBlockN;
     return form == ScoreForm::raw_max
                ? softmax_tile<ScoreForm::raw_max, kBlockN, Config::kLean>(p, mask, s, rows, row, key0, col_base, masked)
@@ -432,7 +454,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     int32_t fast_begin = own_end, fast_end = own_end;
     if (form == ScoreForm::raw_max && p.exp2_emulated_per16 == 0) {
       const TileRun run =
-          fully_visible_run<kVisibilityRows, kBlockN>(call_mask, visibility_block, range.begin + 1, own_end);
+          fully_visible_run<kBlockM, kBlockN>(call_mask, tile.m_block, range.begin + 1, own_end);
       fast_begin = run.begin, fast_end = run.end;
     }
     // General tiles up to the run, the run, then general tiles to the end (two copies of the body, not three).
@@ -458,19 +480,11 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     ++st.v;
   }
 
-  // F49: the range's tiles past this warpgroup's rows' keys (fully masked for them: P would be 0): each one's
-  // stages released once full (a release before the fill could count toward the stage's previous phase) and
-  // its turn passed on, so the rings and the turn barriers stay balanced with the other warpgroups.
   if constexpr (Config::kConsumerRanges) {
-    for (int32_t idle = own_end; idle < range.end; ++idle) {
-      k_ring.consumer_wait(st.k);
-      turn.wait();
-      turn.hand_over(/*last_turn=*/idle == range.end - 1);
-      release_per_warp(k_ring, st.k);
-      ++st.k;
-      v_ring.consumer_wait(st.v);
-      release_per_warp(v_ring, st.v);
-      ++st.v;
+    if (own_end < range.end) {
+      const RingStates<Config::kStages> after = sit_out(k_ring, v_ring, turn, st.k, st.v, own_end, range.end);
+      st.k = after.k;
+      st.v = after.v;
     }
   }
 }
