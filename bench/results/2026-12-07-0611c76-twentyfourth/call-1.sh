@@ -1,6 +1,6 @@
 # Whichever GPU comes: on an H200 the records of main (issues 11 and 12: forward bf16 vs cuDNN and FLASH, decode
 # table, paged/varlen prefill, host cost); on an H100 main's whole GPU suite, then F49 (cr) against main (m):
-# its forward tests, then d = 64 at 2k, 4k and 16k, both masks, two reps, cuDNN in the same process.
+# its forward tests, then d = 64 and 256 at 2k, 4k and 16k, both masks, two reps, cuDNN in the same process.
 set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $gpu"
@@ -11,8 +11,8 @@ else
   export FA4_PREBUILT=build-prebuilt-m FA4_AB_PREBUILT_m=build-prebuilt-m FA4_AB_PREBUILT_cr=build-prebuilt-cr \
     FA4_AB_TESTS='GpuAttentionSm90.ForwardSweepEveryInstance:GpuAttentionSm90.LongSequenceCausal:GpuAttentionSm90.PersistentWalkSmall:GpuAttentionSm90.PrologueOutsideTurnsMatchesOneTilePerCta:GpuSplitKvSm90.ForcedSplitsMatchTheReference' \
     FA4_AB_TEST_NAMES=cr \
-    FA4_AB_BENCH_ARGS="--pass fwd --seqlens 2048,4096,16384 --head-dims 64 --impls fa4,sdpa-cudnn --flex-seqlens=" \
+    FA4_AB_BENCH_ARGS="--pass fwd --seqlens 2048,4096,16384 --head-dims 64,256 --impls fa4,sdpa-cudnn --flex-seqlens=" \
     FA4_AB_ARGS="m=. cr=."
-  scripts/device-parts tests:285 ab:290
+  scripts/device-parts tests:240 ab:320
 fi
 echo CALL_DONE
