@@ -188,8 +188,10 @@ struct FwdConfig {
   static constexpr bool kLean = kHeadDim <= FA4_FWD_LEAN_HEAD_DIM;
   static constexpr uint32_t kWaitSuspendHintNs = kLean ? 10'000'000u : 0u;
   // FA4_AB_CONSUMER_RANGES: consumers with ranges of their own (mma_softmax.cuh), on the rows whose tiles are not
-  // square (d = 64 192×128, d = 192, d = 256), where a causal tile's first consumer has keys to skip. A lone
-  // consumer's rows are the tile's; where block_m = block_n every consumer's causal rows reach the last tile.
+  // square (d = 64 192×128, d = 192, d = 256), where a causal tile's first consumer has keys to skip whenever
+  // seqlen_q = seqlen_k. A lone consumer's rows are the tile's. The square rows are left out on purpose: with
+  // seqlen_q = seqlen_k every consumer's causal rows reach the tile's last K/V tile, and what they could skip
+  // otherwise (an offset that is not a multiple of 128, a last tile's padded rows) is rare or small.
   static constexpr bool kConsumerRanges = FA4_AB_CONSUMER_RANGES && kConsumerWarpgroups > 1 && kBlockM != kBlockN;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 

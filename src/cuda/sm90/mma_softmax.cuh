@@ -323,7 +323,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const num::Mask& call_mask = Varlen ? geo.mask : p.mask;
   const int32_t own_end =
       Config::kConsumerRanges
-          ? rows_kv_end(call_mask, Varlen ? int64_t(geo.seqlen_q) : int64_t(p.seqlen_q),
+          ? rows_kv_end(call_mask, call_mask.seqlen_q,
                         int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM, kWgmmaM, kBlockN, range.begin,
                         range.end)
           : range.end;
