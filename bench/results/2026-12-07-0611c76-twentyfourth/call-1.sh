@@ -13,6 +13,7 @@ else
     FA4_AB_TEST_NAMES=cr \
     FA4_AB_BENCH_ARGS="--pass fwd --seqlens 2048,4096,16384 --head-dims 64,256 --impls fa4,sdpa-cudnn --flex-seqlens=" \
     FA4_AB_ARGS="m=. cr=."
-  scripts/device-parts tests:240 ab:320
+  # shellcheck disable=SC2086  # the parts split into words (CALL_PARTS: fewer or shorter where less device time is left)
+  scripts/device-parts ${CALL_PARTS:-tests:240 ab:320}
 fi
 echo CALL_DONE
