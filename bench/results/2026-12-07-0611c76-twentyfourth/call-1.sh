@@ -11,7 +11,7 @@ else
   export FA4_PREBUILT=build-prebuilt-m FA4_AB_PREBUILT_m=build-prebuilt-m FA4_AB_PREBUILT_cr=build-prebuilt-cr \
     FA4_AB_TESTS='GpuAttentionSm90.ForwardSweepEveryInstance:GpuAttentionSm90.LongSequenceCausal:GpuAttentionSm90.PersistentWalkSmall:GpuAttentionSm90.PrologueOutsideTurnsMatchesOneTilePerCta:GpuSplitKvSm90.ForcedSplitsMatchTheReference' \
     FA4_AB_TEST_NAMES=cr \
-    FA4_AB_BENCH_ARGS="--pass fwd --seqlens 2048,4096,16384 --head-dims 64,256 --impls fa4,sdpa-cudnn --flex-seqlens=" \
+    FA4_AB_BENCH_ARGS="${CALL_BENCH:---pass fwd --seqlens 2048,4096,16384 --head-dims 64,256 --impls fa4,sdpa-cudnn --flex-seqlens=}" \
     FA4_AB_ARGS="m=. cr=."
   # shellcheck disable=SC2086  # the parts split into words (CALL_PARTS: fewer or shorter where less device time is left)
   scripts/device-parts ${CALL_PARTS:-tests:240 ab:320}
