@@ -79,7 +79,7 @@ void check_rows_end(std::mt19937_64& rng, int cases) {
     const fa4::num::Mask& mask = c.mask;
     for (int g = 0; g < BlockM / 64; ++g) {
       const int64_t row0 = int64_t(m) * BlockM + 64 * g;
-      const int32_t end = fa4::sm90::rows_kv_end(mask, mask.seqlen_q, row0, 64, BlockN, first, last);
+      const int32_t end = fa4::sm90::rows_kv_end(mask, row0, 64, BlockN, first, last);
       const auto seen = [&](int32_t n) {  // some valid row of the group sees a key of tile n
         for (int64_t r = row0; r < row0 + 64 && r < mask.seqlen_q; ++r)
           for (int64_t k = int64_t(n) * BlockN; k < (int64_t(n) + 1) * BlockN && k < mask.seqlen_k; ++k)

@@ -323,9 +323,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   const num::Mask& call_mask = Varlen ? geo.mask : p.mask;
   const int32_t own_end =
       Config::kConsumerRanges
-          ? rows_kv_end(call_mask, call_mask.seqlen_q,
-                        int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM, kWgmmaM, kBlockN, range.begin,
-                        range.end)
+          ? rows_kv_end(call_mask, int64_t(tile.m_block) * kBlockM + consumer * kWgmmaM, kWgmmaM, kBlockN,
+                        range.begin, range.end)
           : range.end;
 
   const uint32_t q_rows =
@@ -472,7 +471,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::v);
     issue_pv<In, HeadDim, kBlockN>(o, p_frag, v_addr(st.v.index));
     FA4_TRACE_RECORD(rec, trace::Kind::pv_issue, own_end - 1);
-    turn.hand_over(/*last_turn=*/Config::kConsumerRanges ? own_end == range.end : true);
+    turn.hand_over(/*last_turn=*/own_end == range.end);
     ptx::wgmma_wait_group<0>();
     ptx::wgmma_fence_operand(o);
     FA4_TRACE_RECORD(rec, trace::Kind::pv_done, own_end - 1);

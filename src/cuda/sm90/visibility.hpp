@@ -42,11 +42,12 @@ FA4_HD TileRun fully_visible_run(const num::Mask& mask, int32_t m_block, int32_t
 }
 
 // The end of the K/V tiles [first, last) that the `rows` query rows from row0 see, clamped into [first, last]:
-// first when none of the rows is valid (row0 >= seqlen_q) or sees a key of the range. Both window ends grow with
+// first when none of the rows is valid (row0 >= the mask's seqlen_q) or sees a key of the range. Both window ends grow with
 // the row, so the rows' keys lie in [key_begin(row0), key_end(last valid row)). Every tile from the end to last
 // is fully masked for those rows (perf-log F49: a consumer warpgroup's own end of its tile's range).
-FA4_HD int32_t rows_kv_end(const num::Mask& mask, int64_t seqlen_q, int64_t row0, int rows, int block_n,
-                           int32_t first, int32_t last) {
+FA4_HD int32_t rows_kv_end(const num::Mask& mask, int64_t row0, int rows, int block_n, int32_t first,
+                           int32_t last) {
+  const int64_t seqlen_q = mask.seqlen_q;
   if (row0 >= seqlen_q || mask.key_begin(row0) >= int64_t(last) * block_n) return first;
   const int64_t row_last = (row0 + rows < seqlen_q ? row0 + rows : seqlen_q) - 1;
   const int64_t end = (mask.key_end(row_last) + block_n - 1) / block_n;
