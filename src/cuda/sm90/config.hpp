@@ -67,6 +67,11 @@
 #ifndef FA4_AB_CONSUMER_RANGES
 #define FA4_AB_CONSUMER_RANGES 0
 #endif
+// A/B candidate (off by default; perf-log F50): a consumer gives Q back before its tail's P·V instead of from the
+// steady loop's last step (the loop then carries no Q test).
+#ifndef FA4_AB_Q_BEFORE_TAIL
+#define FA4_AB_Q_BEFORE_TAIL 0
+#endif
 static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64,
               "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
 
@@ -193,6 +198,10 @@ struct FwdConfig {
   // seqlen_q = seqlen_k every consumer's causal rows reach the tile's last K/V tile, and what they could skip
   // otherwise (an offset that is not a multiple of 128, a last tile's padded rows) is rare or small.
   static constexpr bool kConsumerRanges = FA4_AB_CONSUMER_RANGES && kConsumerWarpgroups > 1 && kBlockM != kBlockN;
+  // FA4_AB_Q_BEFORE_TAIL (F50), and always with kConsumerRanges: the Q release test out of the steady loop. Under
+  // F49 own_end is not provably warp-uniform, so the test in the loop cost a divergence check and a reconvergence
+  // region as well.
+  static constexpr bool kQReleaseBeforeTail = FA4_AB_Q_BEFORE_TAIL || kConsumerRanges;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;

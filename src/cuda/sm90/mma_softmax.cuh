@@ -364,7 +364,8 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
   auto s_done = [&](int32_t n_block) {  // the S of n_block has landed: its K (and after the last, Q) is free
     release_per_warp(k_ring, st.k);
     ++st.k;
-    if (n_block == own_end - 1 && release_q) release_per_warp(q_ring, st.q);
+    // (Config::kQReleaseBeforeTail: Q goes back before the tail instead, and the loop carries no test.)
+    if (!Config::kQReleaseBeforeTail && n_block == own_end - 1 && release_q) release_per_warp(q_ring, st.q);
   };
   // F49: a warpgroup whose rows see none of the range's keys (rows past seqlen_q, or a later split's keys) gives
   // Q back and takes its prologue turn, then only sits out the tiles below.
@@ -464,6 +465,7 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
       for (; n_block < fast_end; ++n_block) steady_step(n_block, std::true_type{});
     }
 
+    if (Config::kQReleaseBeforeTail && release_q) release_per_warp(q_ring, st.q);  // the last S has landed
     // Tail: the last tile's P·V.
     FA4_TRACE_RECORD(rec, trace::Kind::wait_begin, trace::Wait::v);
     v_ring.consumer_wait(st.v);
