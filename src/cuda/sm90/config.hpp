@@ -72,6 +72,10 @@
 #ifndef FA4_AB_Q_BEFORE_TAIL
 #define FA4_AB_Q_BEFORE_TAIL 0
 #endif
+// A/B candidate (off by default; perf-log F51): the steady step's P·V wait placed after the softmax's exp2s.
+#ifndef FA4_AB_PV_WAIT_LATE
+#define FA4_AB_PV_WAIT_LATE 0
+#endif
 static_assert(FA4_AB_NO_TURNS == 0 || FA4_AB_NO_TURNS >= 64,
               "FA4_AB_NO_TURNS: 0 (off) or the first head dim without turns");
 
@@ -202,6 +206,8 @@ struct FwdConfig {
   // F49 own_end is not provably warp-uniform, so the test in the loop cost a divergence check and a reconvergence
   // region as well.
   static constexpr bool kQReleaseBeforeTail = FA4_AB_Q_BEFORE_TAIL || kConsumerRanges;
+  // FA4_AB_PV_WAIT_LATE (F51): see mma_softmax.cuh's steady step.
+  static constexpr bool kPvWaitAfterSoftmax = FA4_AB_PV_WAIT_LATE;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;

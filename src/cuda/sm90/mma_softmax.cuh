@@ -438,14 +438,27 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
       if (rescale.any) FA4_TRACE_RECORD(rec, trace::Kind::rescale_rows, rescale.rows_moved);
 #endif
 
-      ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
-      ptx::wgmma_fence_operand(o);
-      FA4_TRACE_RECORD(rec, trace::Kind::pv_done, n_block - 1);
+      auto pv_landed = [&] {
+        ptx::wgmma_wait_group<0>();  // P·V landed: O and the P registers are free again
+        ptx::wgmma_fence_operand(o);
+        FA4_TRACE_RECORD(rec, trace::Kind::pv_done, n_block - 1);
 #pragma unroll
-      for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
-      release_per_warp(v_ring, st.v);
+        for (int kb = 0; kb < kKSteps; ++kb) ptx::wgmma_fence_operand(p_frag[kb]);
+        release_per_warp(v_ring, st.v);
+      };
+      if constexpr (Config::kPvWaitAfterSoftmax) {
+        // F51: the P·V wait inside the correction's branch, so that it cannot be scheduled above the exp2s.
+        if (rescale.any) {
+          pv_landed();
+          apply_rescale<HeadDim>(o, rescale);
+        } else {
+          pv_landed();
+        }
+      } else {
+        pv_landed();
+        apply_rescale<HeadDim>(o, rescale);
+      }
       ++st.v;
-      apply_rescale<HeadDim>(o, rescale);
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
     };
