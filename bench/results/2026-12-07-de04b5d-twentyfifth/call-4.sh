@@ -10,7 +10,7 @@ scripts/packs-xz --unpack >/dev/null || exit 1
 if [[ "$gpu" == *H200* && -z "${CALL_AB_ON_H200:-}" ]]; then
   FA4_H200_PARTS="ab:250 bench:200 hostcost:110" scripts/device-h200-records build-prebuilt-m
 else
-  for n in m qt pq pw cr5; do export "FA4_AB_PREBUILT_$n=build-prebuilt-$n"; done
+  for n in m qt pq pw cr5 cpq; do export "FA4_AB_PREBUILT_$n=build-prebuilt-$n"; done
   export FA4_PREBUILT=build-prebuilt-m \
     FA4_AB_TESTS='GpuAttentionSm90.ForwardSweepEveryInstance:GpuAttentionSm90.LongSequenceCausal:GpuAttentionSm90.PersistentWalkSmall:GpuSplitKvSm90.ForcedSplitsMatchTheReference' \
     FA4_AB_TEST_NAMES="${CALL_TEST_NAMES:-pq qt}" \
