@@ -297,7 +297,8 @@ struct ConsumerStages {
 
 // The consumer warpgroup `consumer`'s main loop over a work tile's visible K/V tiles `range` (not empty). On
 // return O holds the unnormalised output of this thread's rows and `rows` their (m, thread-local l). Q is
-// released after the last S when release_q is set (else the epilogue releases it after staging O in it).
+// released after the last S when release_q is set (F50: before the tail's P·V; else the epilogue releases it
+// after staging O in it).
 template <ptx::WgmmaInput In, int Row, bool Varlen>
 __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGeometry& geo, FwdSharedStorage<Row>& smem,
                                                  const WorkTile& tile, const KvTileRange& range, int consumer,
@@ -447,17 +448,20 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
         release_per_warp(v_ring, st.v);
       };
       if constexpr (Config::kPvWaitAfterSoftmax) {
-        // F51: the P·V wait inside the correction's branch, so that it cannot be scheduled above the exp2s.
-        if (rescale.any) {
+        // F51: the wait in both arms of a branch, which ptxas does not hoist it above, so it stays below the
+        // exp2s (in one basic block it was scheduled right after the row max). The condition must be the whole
+        // warpgroup's (wgmma.wait_group is .aligned over the warpgroup): the V stage index is, rescale.any is
+        // only the warp's. The marker keeps the two arms from being merged back into one.
+        if (st.v.index == 0) {
+          asm volatile("// F51: P.V wait, stage 0");
           pv_landed();
-          apply_rescale<HeadDim>(o, rescale);
         } else {
           pv_landed();
         }
       } else {
         pv_landed();
-        apply_rescale<HeadDim>(o, rescale);
       }
+      apply_rescale<HeadDim>(o, rescale);
       ++st.v;
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
