@@ -2,7 +2,9 @@
 # F51 + F50 (pq: the P·V wait after the exp2s, Q released before the tail) and F50 alone (qt) against m: their
 # forward tests, then fwd bf16 d = 64 and 128 at 4k and 16k, both masks, two reps, cuDNN in the same process.
 # CALL_AB / CALL_BENCH / CALL_PARTS override the variants, the benchmark and the parts (e.g. CALL_AB="m=. pw=. pq=."
-# CALL_BENCH="--pass fwd --seqlens 4096,16384 --head-dims 192,256 --impls fa4,sdpa-cudnn --flex-seqlens=").
+# CALL_BENCH="--pass fwd --seqlens 4096,16384 --head-dims 192,256 --impls fa4,sdpa-cudnn --flex-seqlens="),
+# CALL_TEST_NAMES the variants that run the forward tests (default "pq qt"); CALL_AB_ON_H200=1 runs the A/B on an
+# H200 too instead of the records.
 set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $gpu"
