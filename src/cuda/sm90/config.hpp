@@ -67,12 +67,13 @@
 #ifndef FA4_AB_CONSUMER_RANGES
 #define FA4_AB_CONSUMER_RANGES 0
 #endif
-// A/B candidate (off by default; perf-log F50): a consumer gives Q back before its tail's P·V instead of from the
-// steady loop's last step (the loop then carries no Q test).
+// F50 (perf-log; the default on the d = 64 192-row, FwdConfig::kQReleaseBeforeTail): a consumer gives Q back before
+// its tail's P·V instead of from the steady loop's last step (the loop then carries no Q test). 1 = every row.
 #ifndef FA4_AB_Q_BEFORE_TAIL
 #define FA4_AB_Q_BEFORE_TAIL 0
 #endif
-// A/B candidate (off by default; perf-log F51): the steady step's P·V wait placed after the softmax's exp2s.
+// F51 (perf-log; the default at d = 256, FwdConfig::kPvWaitAfterSoftmax): the steady step's P·V wait placed after
+// the softmax's exp2s. 1 = every row.
 #ifndef FA4_AB_PV_WAIT_LATE
 #define FA4_AB_PV_WAIT_LATE 0
 #endif
@@ -202,12 +203,16 @@ struct FwdConfig {
   // seqlen_q = seqlen_k every consumer's causal rows reach the tile's last K/V tile, and what they could skip
   // otherwise (an offset that is not a multiple of 128, a last tile's padded rows) is rare or small.
   static constexpr bool kConsumerRanges = FA4_AB_CONSUMER_RANGES && kConsumerWarpgroups > 1 && kBlockM != kBlockN;
-  // FA4_AB_Q_BEFORE_TAIL (F50), and always with kConsumerRanges: the Q release test out of the steady loop. Under
-  // F49 own_end is not provably warp-uniform, so the test in the loop cost a divergence check and a reconvergence
-  // region as well.
-  static constexpr bool kQReleaseBeforeTail = FA4_AB_Q_BEFORE_TAIL || kConsumerRanges;
-  // FA4_AB_PV_WAIT_LATE (F51): see mma_softmax.cuh's steady step.
-  static constexpr bool kPvWaitAfterSoftmax = FA4_AB_PV_WAIT_LATE;
+  // F50: the Q release test out of the steady loop (Q given back before the tail). The default on the d = 64
+  // 192-row (three consumers; H100, perf-log F50's outcome: +1-2% at 2k-16k); it lost 3-5% at d = 128 and 1-2% on
+  // the d = 64 128-row (≤ 1k), which keep the test. Always with kConsumerRanges: under F49 own_end is not provably
+  // warp-uniform, so the test in the loop cost a divergence check and a reconvergence region as well.
+  // FA4_AB_Q_BEFORE_TAIL=1 turns it on for every row.
+  static constexpr bool kQReleaseBeforeTail = FA4_AB_Q_BEFORE_TAIL || kConsumerRanges || kConsumerWarpgroups == 3;
+  // F51 (see mma_softmax.cuh's steady step): the default at d = 256 (H100, perf-log F51's outcome: non-causal +1-3%
+  // at 2k-16k, causal level); level at d = 128, and the d = 64 192-row spills with it. FA4_AB_PV_WAIT_LATE=1 turns
+  // it on for every row.
+  static constexpr bool kPvWaitAfterSoftmax = FA4_AB_PV_WAIT_LATE || kHeadDim >= 256;
   static constexpr int kHeadDimChunks = kHeadDim / kSw128Columns;  // TMA boxes per tile, smem chunks per row
 
   static constexpr uint32_t kQTileBytes = uint32_t(kBlockM) * kHeadDim * kElementBytes;
