@@ -458,11 +458,15 @@ __device__ __forceinline__ void mma_softmax_role(const FwdParams& p, const SeqGe
         } else {
           pv_landed();
         }
+        apply_rescale<HeadDim>(o, rescale);
+        ++st.v;
       } else {
+        // This order (the stage advanced before the rescale) is the measured default's: with the other, ptxas
+        // scheduled every forward row differently (perf-log, twenty-sixth session).
         pv_landed();
+        ++st.v;
+        apply_rescale<HeadDim>(o, rescale);
       }
-      apply_rescale<HeadDim>(o, rescale);
-      ++st.v;
 #pragma unroll
       for (int kb = 0; kb < kKSteps; ++kb) p_frag[kb] = ptx::fragment_a_from_accumulator<In>(s, kb);
     };
