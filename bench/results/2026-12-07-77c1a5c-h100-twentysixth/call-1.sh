@@ -1,6 +1,6 @@
-# Whichever GPU comes: main's whole GPU suite on pack n26 (8d7c1c7: F50 on the d = 64 192-row, F51 at d = 256),
-# then n26 against m (176621d, the kernels measured before F49's preparation restructured the consumer loop):
-# fwd bf16 d = 64/128/256 at 1k/4k/16k, both masks, two reps, cuDNN in the same process.
+# Whichever GPU comes: main's whole GPU suite on pack n26 (911d238: F50 on the d = 64 192-row, F51 at d = 256; its
+# other kernels are pack m's SASS, `scripts/sass-report match`), then n26 against m (176621d): fwd bf16
+# d = 64/128/256 at 1k/4k/16k, both masks, two reps, cuDNN in the same process.
 # CALL_AB / CALL_BENCH / CALL_PARTS / CALL_TESTED (the pack the tests part runs) override.
 set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
