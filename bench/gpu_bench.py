@@ -8,7 +8,8 @@ Implementations (--impls):
   sdpa-flash  torch SDPA, FLASH backend   (sdpa_kernel(SDPBackend.FLASH_ATTENTION): FlashAttention-2)
   flex        FlexAttention, torch.compile'd (causal through a block mask); by default only at --flex-seqlens
 
-Shapes: bf16, 16k tokens (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / d), seqlen_q == seqlen_k.
+Shapes: bf16, 16k tokens (batch = 16384 / seqlen), hidden 2048 (heads = 2048 / d; --hidden another, e.g. 3072 for
+d = 192), seqlen_q == seqlen_k.
 Inputs are made [b, s, h, d]; SDPA and flex get [b, h, s, d] transpose views of the same data (for s_q == s_k
 SDPA's top-left causal equals fa4's bottom-right). FLOPs = 4·b·h·s²·d, halved for causal; backward = 2.5× forward.
 
@@ -76,6 +77,8 @@ def parse_args(argv=None):
     ap.add_argument("--pass", dest="passes", choices=("fwd", "bwd", "both"), default="fwd",
                     help="fwd (default), bwd (the backward alone, from a retained forward graph), or both")
     ap.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
+    ap.add_argument("--hidden", type=int, default=HIDDEN,
+                    help=f"heads x head dim (default {HIDDEN}; every --head-dims must divide it)")
     ap.add_argument("--quick", action="store_true",
                     help="seqlen 1024,4096; d 64,128; causal and not; flex only at 4096 (explicit options win)")
     ap.add_argument("--out", help="output folder (default bench/results)")
@@ -103,8 +106,8 @@ def parse_args(argv=None):
         if s <= 0 or s > TOKENS or TOKENS % s:
             ap.error(f"--seqlens: {s} must divide {TOKENS}")
     for d in a.head_dims:
-        if d <= 0 or HIDDEN % d:
-            ap.error(f"--head-dims: {d} must divide {HIDDEN}")
+        if d <= 0 or a.hidden <= 0 or a.hidden % d:
+            ap.error(f"--head-dims: {d} must divide --hidden {a.hidden}")
     a.causals = {"0": [False], "1": [True], "both": [False, True]}[a.causal]
     a.pass_list = ["fwd", "bwd"] if a.passes == "both" else [a.passes]
     if a.out is None:
@@ -413,7 +416,7 @@ class Gpu:
     def run_shape(self, run, pass_name, d, causal, seqlen, refused):
         a = self.args
         torch = self.torch
-        batch, heads = TOKENS // seqlen, HIDDEN // d
+        batch, heads = TOKENS // seqlen, a.hidden // d
         impls = []
         for impl in a.impls:
             if impl == "flex" and seqlen not in a.flex_seqlens:
@@ -502,7 +505,7 @@ def dry_run(args, run):
         for d in args.head_dims:
             for causal in args.causals:
                 for seqlen in args.seqlens:
-                    batch, heads = TOKENS // seqlen, HIDDEN // d
+                    batch, heads = TOKENS // seqlen, args.hidden // d
                     for impl in args.impls:
                         if impl == "flex" and seqlen not in args.flex_seqlens:
                             run.skip(impl, pass_name, d, seqlen, causal, "not at this seqlen (--flex-seqlens)",
@@ -529,8 +532,9 @@ def dry_run(args, run):
 def markdown(doc, impls):
     rows = doc["rows"]
     skipped = doc.get("skipped", [])
+    hidden = doc.get("hidden", HIDDEN)
     head = (f"GPU {doc['gpu']}, commit {doc['commit']}, {doc['date']}; {doc.get('dtype', 'bf16')}, 16k tokens "
-            f"(b = 16384/s), hidden 2048 (h = 2048/d); TFLOP/s, 4·b·h·s²·d (causal /2, backward ×2.5); median of "
+            f"(b = 16384/s), hidden {hidden} (h = {hidden}/d); TFLOP/s, 4·b·h·s²·d (causal /2, backward ×2.5); median of "
             f"CUDA-event-timed calls over rotating inputs")
     if doc.get("torch"):
         head += f"; torch {doc['torch']}, cuDNN {doc.get('cudnn')}"
@@ -554,7 +558,7 @@ def markdown(doc, impls):
         for s in seqlens:
             got = {r["impl"]: r for r in rows if (r["pass"], r["d"], r["causal"], r["seqlen"]) ==
                    (pass_name, d, causal, s)}
-            cells = [str(s), f"{TOKENS // s}×{HIDDEN // d}"]
+            cells = [str(s), f"{TOKENS // s}×{hidden // d}"]
             for i in present:
                 if i in got:
                     cells.append(f"{got[i]['tflops']:.0f}")
@@ -664,7 +668,7 @@ def main(argv=None):
     doc = {"commit": commit, "gpu": None, "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")}
 
     def finish(final):
-        doc.update({"dtype": args.dtype, "tokens": TOKENS, "hidden": HIDDEN,
+        doc.update({"dtype": args.dtype, "tokens": TOKENS, "hidden": args.hidden,
                     "timing": "CUDA events per call, median, after warm-up; inputs rotate over sets > 2x L2",
                     "flops": "4*b*h*s^2*d, causal /2, bwd x2.5 (backward alone)",
                     **({"bwd_timing": "torch.autograd.grad(out, (q, k, v), dout, retain_graph=True) on a forward "
