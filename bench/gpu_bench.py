@@ -623,6 +623,8 @@ def plot(doc, impls, path):
             if i == len(dims) - 1:
                 ax.set_xlabel("seqlen (16k tokens)")
     title = f"{doc['gpu']}, commit {doc['commit']}, {doc['date']}, {doc.get('dtype', 'bf16')}"
+    if doc.get("hidden", HIDDEN) != HIDDEN:
+        title += f", hidden {doc['hidden']}"
     if doc.get("dry_run"):
         title = "DRY RUN (placeholder numbers) — " + title
     fig.suptitle(title)
@@ -634,7 +636,8 @@ def plot(doc, impls, path):
 
 def write_outputs(args, doc, with_plot=True):
     os.makedirs(args.out, exist_ok=True)
-    stem = f"{doc['date']}-{doc['commit']}" + ("-dry-run" if doc.get("dry_run") else "")
+    stem = (f"{doc['date']}-{doc['commit']}" + (f"-hidden{args.hidden}" if args.hidden != HIDDEN else "") +
+            ("-dry-run" if doc.get("dry_run") else ""))
     paths = {}
     if not with_plot:  # a checkpoint: JSON and markdown only
         doc = dict(doc, partial=True)
