@@ -7,7 +7,7 @@ set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $gpu"
 scripts/packs-xz --unpack >/dev/null || exit 1
-for n in m n26 s64 d128n64 pw; do export "FA4_AB_PREBUILT_$n=build-prebuilt-$n"; done
+for n in m n26 s64 d128n64 pw cr6; do export "FA4_AB_PREBUILT_$n=build-prebuilt-$n"; done
 export FA4_PREBUILT=build-prebuilt-n26 \
   FA4_AB_TESTS='GpuAttentionSm90.ForwardSweepEveryInstance:GpuAttentionSm90.LongSequenceCausal:GpuAttentionSm90.PersistentWalkSmall:GpuSplitKvSm90.ForcedSplitsMatchTheReference' \
   FA4_AB_TEST_NAMES="${CALL_TEST_NAMES:-s64 d128n64}" \
