@@ -52,16 +52,6 @@
 #ifndef FA4_AB_D256_N80
 #define FA4_AB_D256_N80 0
 #endif
-// A/B candidate (off by default; perf-log F52): the d = 64 short row (seqlen_q <= 1024) with 64-key tiles, so a
-// work tile's first S (nothing under it) and last P·V (nothing after it) are half as long.
-#ifndef FA4_AB_D64_SHORT_N64
-#define FA4_AB_D64_SHORT_N64 0
-#endif
-// A/B candidate (off by default; perf-log F52): the d = 128 prefill row with 64-key tiles and three stages, to read
-// at 512-1k (where a work tile has 4-8 steps) whether a second, short d = 128 row would pay.
-#ifndef FA4_AB_D128_N64
-#define FA4_AB_D128_N64 0
-#endif
 // The rows of head dim <= FA4_FWD_LEAN_HEAD_DIM (the default, 128, from perf-log F45/F46's A/B on the H100: d = 64
 // +3.5-5%, d = 128 +0-2%, d = 256 -1 to -5%) wait with a suspend-time hint (FwdConfig::kWaitSuspendHintNs) and take
 // the lean softmax path (FwdConfig::kLean, mma_softmax.cuh). 0 turns both off everywhere, 256 on everywhere.
@@ -109,12 +99,13 @@ struct FwdTile {
 };
 
 inline constexpr FwdTile kFwdTiles[] = {
-    {64, 128, FA4_AB_D64_SHORT_N64 ? 64 : 128, 3, 1024},
+    // 64-key tiles here and on the d = 128 row lost 9-18% at 512-2k (perf-log F52, removed).
+    {64, 128, 128, 3, 1024},
     // 128-key tiles (FlashAttention-4's Hopper plan), not 112: +2-6% at 2k-8k on the H100 though its steady step
     // reloads two spilled words (perf-log F18).
     {64, 192, 128, 3, 0},
     {128, 64, 128, 3, 64},
-    {128, 128, FA4_AB_D128_N64 ? 64 : 128, FA4_AB_D128_N64 ? 3 : 2, 0},
+    {128, 128, 128, 2, 0},
     {192, 128, 96, 2, 0},
     {256, 128, FA4_AB_D256_N80 ? 80 : 64, 2, 0},
 };
