@@ -1,13 +1,26 @@
-# First call of the session, whichever GPU comes.
-# H200: main's whole GPU suite on pack n26 (911d238 = main's kernels, `scripts/sass-report match`), then the forward
-#   record (bf16, fa4 against cuDNN and FLASH) and the host cost (issue 12) with n26. call-b.sh follows at once.
-# H100: the twenty-sixth session's call-1.sh (n26's GPU suite, then n26 against m).
+# Next session's first call, whichever GPU comes (packs in build-packs/; carry .debs and build-packs).
+# H200: issue 11's record with main's kernels (pack n26 = 911d238; `scripts/sass-report match`): the forward in bf16
+#   and in fp16 against cuDNN and FLASH, then the host cost (issue 12). call-b.sh follows at once. (n26's 72 GPU
+#   tests and the sanitizers passed on an H100 in the twenty-seventh session.)
+# H100: d = 256's F51 tie-break (m against n26 at 1k/2k/16k, three reps: level at >= 4k over two sessions, -5% at
+#   1k in both), then the fp16 forward against cuDNN (issue 11's fp16 rows, H100).
 set -u
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "gpu: $gpu"
-if [[ "$gpu" != *H200* ]]; then exec bash bench/results/2026-12-07-77c1a5c-h100-twentysixth/call-1.sh; fi
 scripts/packs-xz --unpack >/dev/null || exit 1
 root=$OUT
-OUT=$root/t FA4_PREBUILT=build-prebuilt-n26 scripts/device-parts "${CALL_TESTS:-tests:230}"
-OUT=$root/r FA4_H200_PARTS="${CALL_PARTS:-bench:190 hostcost:110}" scripts/device-h200-records build-prebuilt-n26
+if [[ "$gpu" == *H200* ]]; then
+  OUT=$root/bf16 FA4_H200_PARTS="bench:190" scripts/device-h200-records build-prebuilt-n26
+  OUT=$root/fp16 FA4_H200_PARTS="bench:190 hostcost:110" \
+    FA4_GPU_BENCH_ARGS="--pass fwd --dtype fp16 --impls fa4,sdpa-cudnn,sdpa-flash --flex-seqlens= --rep-ms 80" \
+    scripts/device-h200-records build-prebuilt-n26
+else
+  for n in m n26; do export "FA4_AB_PREBUILT_$n=build-prebuilt-$n"; done
+  OUT=$root/ab FA4_AB_TEST_NAMES=none FA4_AB_REPS=3 \
+    FA4_AB_BENCH_ARGS="--pass fwd --seqlens 1024,2048,16384 --head-dims 256 --impls fa4,sdpa-cudnn --flex-seqlens=" \
+    FA4_AB_ARGS="m=. n26=." scripts/device-parts ab:200
+  OUT=$root/fp16 FA4_PREBUILT=build-prebuilt-n26 FA4_SKIP_DECODE_BENCH=1 FA4_SKIP_VARLEN_BENCH=1 \
+    FA4_GPU_BENCH_TIMEOUT=250 FA4_GPU_BENCH_ARGS="--pass fwd --dtype fp16 --impls fa4,sdpa-cudnn --flex-seqlens= --rep-ms 60" \
+    scripts/device-parts bench:260
+fi
 echo CALL_DONE
