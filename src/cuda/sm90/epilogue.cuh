@@ -58,6 +58,9 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     if constexpr (Varlen) {  // the sequence's rows, from its offset in the packed lse [h, total_q] (batch stride 0)
       if (p.lse != nullptr && thread % 4 == 0 && r < geo.seqlen_q)
         p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + (geo.q_row0 + r) * p.lse_stride_s] = lse[h];
+    } else if constexpr (kTopPad) {  // kernel row r is q's row r − m_shift; the rows above q's row 0 are padding
+      if (p.lse != nullptr && thread % 4 == 0 && r < p.seqlen_q && r >= p.m_shift)
+        p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + (r - p.m_shift) * p.lse_stride_s] = lse[h];
     } else {
       if (p.lse != nullptr && thread % 4 == 0 && r < p.seqlen_q)
         p.lse[tile.batch * p.lse_stride_b + tile.head * p.lse_stride_h + r * p.lse_stride_s] = lse[h];
@@ -101,14 +104,22 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     ptx::fence_proxy_async_shared_cta();  // the generic writes above, before the async-proxy store reads them
     ptx::named_barrier_sync(barrier, kWarpgroupThreads);
     FA4_TRACE_RECORD(rec, trace::Kind::wait_end, trace::Wait::barrier);
-    if (thread == 0 && rows_begin < p.seqlen_q) {  // thread 0 is the trace's writer: the event marks a real store
+    // Thread 0 is the trace's writer: the event marks a real store. FA4_AB_TOP_PAD: kernel row r is q's row
+    // r − m_shift, so a box may start above q's row 0 (the padded first tile): TMA stores it too (rows outside the
+    // tensor are not written); a box wholly above it is not stored.
+    auto store_o = [&](int64_t first_row) {
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::out);
 #pragma unroll
       for (int chunk = 0; chunk < HeadDim / kSw128Columns; ++chunk) {
-        const int32_t coords[4] = {chunk * kSw128Columns, int32_t(rows_begin), tile.head, tile.batch};
+        const int32_t coords[4] = {chunk * kSw128Columns, int32_t(first_row), tile.head, tile.batch};
         ptx::tma_store(&p.out_map, coords, staging + chunk * kBlockM * ptx::kSw128RowBytes);
       }
       ptx::tma_store_commit();
+    };
+    if constexpr (kTopPad) {
+      if (thread == 0 && rows_begin < p.seqlen_q && rows_begin + kWgmmaM > p.m_shift) store_o(rows_begin - p.m_shift);
+    } else {
+      if (thread == 0 && rows_begin < p.seqlen_q) store_o(rows_begin);
     }
     if (release_q) {
       if (thread == 0) ptx::tma_store_wait_read<0>();
@@ -133,12 +144,16 @@ __device__ __forceinline__ void epilogue_role(const FwdParams& p, const SeqGeome
     const int64_t r = row0 + 8 * h;
     if constexpr (Varlen) {  // out's batch stride is 0: the row is the sequence's offset + r
       if (r >= geo.seqlen_q) continue;
+    } else if constexpr (kTopPad) {  // kernel row r is q's row r − m_shift; the rows above q's row 0 are padding
+      if (r >= p.seqlen_q || r < p.m_shift) continue;
     } else {
       if (r >= p.seqlen_q) continue;
     }
     const uint32_t pair = ptx::pack_rn<In>(o.reg[i] * inv_l[h], o.reg[i + 1] * inv_l[h]);
     if constexpr (Varlen)
       store_pair(out + (geo.q_row0 + r) * p.out_stride_s + col_base + reg_col_in_pair_block(i), pair);
+    else if constexpr (kTopPad)
+      store_pair(out + (r - p.m_shift) * p.out_stride_s + col_base + reg_col_in_pair_block(i), pair);
     else
       store_pair(out + r * p.out_stride_s + col_base + reg_col_in_pair_block(i), pair);
   }

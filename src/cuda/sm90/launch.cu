@@ -667,6 +667,16 @@ void run_forward(const char* call, const detail::Problem& p, const Tensor& q_in,
   params.order.lpt_section = lpt_section(p, p.seqlen_k, plan.heads * p.batch, q.device_index);
   // The packed view's rows are query heads of one query position: no mask applies to them (see FwdPlan).
   params.mask = plan.pack_gqa ? num::Mask::make(plan.seqlen_q, p.seqlen_k, false, -1, -1) : p.mask;
+  // FA4_AB_TOP_PAD (perf-log F53): a dense call of one key range whose keys end with the row pads its first query
+  // tile at the top, so its padding rows ride along with the tile that sees the fewest keys, not the most. The
+  // kernel numbers rows from m_shift rows above q's row 0: seqlen_q and the mask are those rows' (the same
+  // visibility: the mask's offset seqlen_k − seqlen_q drops by the shift as every row index grows by it).
+  if (kTopPad && p.mask.right >= 0 && !split && cache == nullptr && !plan.pack_gqa &&
+      plan.seqlen_q <= INT32_MAX - int64_t(block_m)) {
+    params.m_shift = int32_t((block_m - plan.seqlen_q % block_m) % block_m);
+    params.seqlen_q += params.m_shift;
+    params.mask.seqlen_q += params.m_shift;
+  }
   params.score = num::ScoreTransform::make(p.scale, p.softcap);
   params.rescale_threshold = p.rescale_threshold;
   params.exp2_emulated_per16 = p.exp2_emulated_per16;

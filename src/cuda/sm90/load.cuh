@@ -242,7 +242,10 @@ __device__ __forceinline__ void load_role(const FwdParams& p, FwdSharedStorage<R
     auto load_q = [&] {
       q_ring.producer_acquire(q_stage);
       q_ring.producer_expect_tx(q_stage, Config::kQTileBytes);
-      load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, geo.q_row0 + tile.m_block * Config::kBlockM,
+      int32_t q_row = geo.q_row0 + tile.m_block * Config::kBlockM;
+      // FA4_AB_TOP_PAD: kernel rows start m_shift rows above q's; TMA fills the rows outside the tensor with zeros.
+      if constexpr (kTopPad && !Varlen) q_row -= p.m_shift;
+      load_tile<HeadDim, Config::kBlockM>(smem.q, &p.q_map, q_row,
                                           tile.head * p.q_head_step, tile.batch * p.q_batch_step,
                                           q_ring.full_barrier(q_stage));
       FA4_TRACE_RECORD(rec, trace::Kind::tma_issue, trace::Operand::q);

@@ -91,6 +91,11 @@ struct FwdParams {
   // P·V. K's boxes past the end are zeros too (no page-table entry is read for them); the straddling box loads
   // whole (its extra scores are masked to -inf).
   int32_t kv_box_rows = 0;
+  // FA4_AB_TOP_PAD (config.hpp, perf-log F53): rows the first query tile starts above row 0 (dense calls of one key
+  // range whose keys end with the row; else 0). seqlen_q and mask are then the renumbered rows' (kernel row r is
+  // row r − m_shift of q, out and lse). In the padding before v_map16's 64-byte alignment, so the struct's size
+  // and every other offset stay as they were (a larger struct changed the default kernels' SASS).
+  int32_t m_shift = 0;
   CUtensorMap v_map16;  // boxes {64, 16, 1, 1}
   CUtensorMap v_map1;   // boxes {64, 1, 1, 1}
 #if FA4_TRACE

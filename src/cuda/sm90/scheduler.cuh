@@ -10,6 +10,7 @@
 
 #include <cstdint>
 
+#include "cuda/sm90/config.hpp"
 #include "cuda/sm90/params.hpp"
 #include "cuda/sm90/seq_geometry.hpp"
 #include "cuda/sm90/tile_order.hpp"
@@ -81,8 +82,9 @@ __device__ __forceinline__ KvTileRange split_part(KvTileRange r, int32_t split, 
 
 template <int BlockM, int BlockN>
 __device__ __forceinline__ KvTileRange kv_tile_range(const FwdParams& p, const WorkTile& tile) {
-  const int64_t row0 = int64_t(tile.m_block) * BlockM;
+  int64_t row0 = int64_t(tile.m_block) * BlockM;
   const int64_t row_last = (row0 + BlockM < p.seqlen_q ? row0 + BlockM : int64_t(p.seqlen_q)) - 1;
+  if constexpr (kTopPad) row0 = row0 < p.m_shift ? p.m_shift : row0;  // the first row that is q's (FA4_AB_TOP_PAD)
   const int64_t key_begin = p.mask.key_begin(row0);
   const int64_t key_end = p.mask.key_end(row_last);
   KvTileRange r;
