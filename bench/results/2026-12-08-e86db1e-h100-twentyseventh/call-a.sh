@@ -19,7 +19,7 @@ if [[ "$gpu" == *H200* ]]; then
 else
   for n in m n26 tp; do export "FA4_AB_PREBUILT_$n=build-prebuilt-$n"; done
   OUT=$root/f53 FA4_AB_TEST_NAMES=tp \
-    FA4_AB_TESTS='GpuAttentionSm90.*:GpuSinksSm90.ForwardEveryInstance:GpuSplitKvSm90.ForcedSplitsMatchTheReference' \
+    FA4_AB_TESTS='GpuAttentionSm90.*:GpuSinksSm90.ForwardEveryInstance:GpuSplitKvSm90.ForcedSplitsMatchTheReference:GpuKvCacheSm90.Small:GpuVarlenSm90.EveryInstanceEveryMask:GpuBackwardSm90.Small' \
     FA4_AB_BENCH_ARGS="--pass fwd --seqlens 2048,4096,16384 --head-dims 64,128,256 --impls fa4,sdpa-cudnn --flex-seqlens=" \
     FA4_AB_ARGS="n26=. tp=." scripts/device-parts ab:300
   OUT=$root/d256 FA4_AB_TEST_NAMES=none FA4_AB_REPS=3 \
